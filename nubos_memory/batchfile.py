@@ -1,0 +1,55 @@
+"""Reading a batch of records for ``memory-index``: a JSON array or JSON Lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import InputError
+from .fsio import JSONDecodeError, loads
+
+MAX_BATCH_BYTES = 256 << 20
+
+
+def _bad(message: str, line: int | None, excerpt: str | None, source: str) -> InputError:
+    return InputError(message, code="records-file-invalid",
+                      details={"source": source, "line": line, "excerpt": excerpt, "written": 0})
+
+
+def parse_batch(data: bytes, source: str = "-") -> list[Any]:
+    """Parse ``data`` as a JSON array of records, or as one JSON record per line.
+
+    Nothing is written when this fails: the error names the first bad line.
+    """
+    if len(data) > MAX_BATCH_BYTES:
+        raise InputError(f"records file is larger than {MAX_BATCH_BYTES >> 20} MiB", code="records-file-too-large",
+                         details={"source": source, "bytes": len(data)})
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise _bad(f"line {line} is not valid UTF-8", line, None, source) from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            doc = loads(text)
+        except JSONDecodeError as exc:
+            line = text.count("\n", 0, exc.pos) + 1
+            excerpt = text.splitlines()[line - 1][:80] if text.splitlines() else ""
+            raise _bad(f"not a valid JSON array (line {line}): {exc.msg}", line, excerpt, source) from None
+        if not isinstance(doc, list):  # pragma: no cover - '[' always parses to a list
+            raise _bad("not a JSON array", 1, stripped[:80], source)
+        return doc
+    out: list[Any] = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(loads(line))
+        except JSONDecodeError as exc:
+            raise _bad(f"line {number} is neither JSON Lines nor part of a JSON array: {exc.msg}",
+                       number, line.strip()[:80], source) from None
+    if not out:
+        raise _bad("records file holds no records", None, None, source)
+    return out

@@ -1,0 +1,224 @@
+"""The derived cache: ``manifest.json`` plus one generation of immutable files.
+
+A generation is three files written once and never modified::
+
+    index-<gen>.hnsw      hnswlib graph (label i = row i)
+    keymap-<gen>.json     {"format", "ids": [...], "hashes": [...]}  label ↔ record id
+    vectors-<gen>.npy     float32 (n, dim), the stored unit vectors (loaded without pickle)
+
+``manifest.json`` names the current generation and is the commit point: a
+writer (holding the lock) writes and fsyncs a new generation, swaps the
+manifest in with ``os.replace``, then deletes older generations.  A reader
+reads the manifest, then that generation's files; if a file vanished under
+it (a writer committed in between) it simply reads the manifest again.  So
+index, keymap and vectors always change together or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import StoreError
+from .fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, fsync_dir, fsync_file, loads
+from .records import SCHEMA_VERSION, now_iso
+from .vector_index import HnswParams, VectorIndex, build_hnsw, load_hnsw
+
+MANIFEST = "manifest.json"
+CACHE_FORMAT = 1
+_PREFIXES = ("index-", "keymap-", "vectors-")
+
+
+def covers_digest(ids: list[str], hashes: list[str]) -> str:
+    h = hashlib.sha256()
+    for rid, ch in zip(ids, hashes):
+        h.update(rid.encode("utf-8") + b"\x00" + ch.encode("ascii") + b"\n")
+    return h.hexdigest()[:32]
+
+
+def _names(gen: str) -> dict[str, str]:
+    return {"index": f"index-{gen}.hnsw", "keymap": f"keymap-{gen}.json", "vectors": f"vectors-{gen}.npy"}
+
+
+class DerivedCache:
+    """Reads and commits the derived files of one memory folder."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.folder / MANIFEST
+
+    # -- reading -----------------------------------------------------------------
+    def read_manifest(self) -> dict[str, Any] | None:
+        """The manifest, ``None`` if absent; a corrupt one raises ``manifest-corrupt``."""
+        try:
+            raw = self.manifest_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read manifest: {exc.strerror}", code="manifest-corrupt",
+                             details={"path": str(self.manifest_path)})
+        try:
+            doc = loads(raw)
+            ok = (
+                isinstance(doc, dict)
+                and doc.get("format") == CACHE_FORMAT
+                and isinstance(doc.get("embedding"), dict)
+                and isinstance(doc["embedding"].get("fingerprint"), str)
+                and isinstance(doc.get("covers"), dict)
+                and isinstance(doc["covers"].get("count"), int)
+                and (doc["covers"]["count"] == 0 or isinstance(doc.get("files"), dict))
+            )
+        except JSONDecodeError:
+            ok = False
+        if not ok:
+            raise StoreError(
+                "manifest.json is corrupt or of an unknown format; it is left untouched. "
+                "Run memory-rebuild to replace it.",
+                code="manifest-corrupt",
+                details={"path": str(self.manifest_path), "bytes": len(raw)},
+            )
+        return doc
+
+    def load(self, manifest: dict[str, Any]) -> VectorIndex:
+        """Load the generation a manifest names, checking it against the manifest."""
+        count = manifest["covers"]["count"]
+        dim = manifest["embedding"].get("dim")
+        ef = int(manifest.get("hnsw", {}).get("ef_search", 100))
+        if count == 0:
+            return VectorIndex([], [], np.zeros((0, dim or 1), dtype=np.float32), None, ef)
+        files = manifest["files"]
+        paths = {k: self.folder / str(v.get("name", "")) for k, v in files.items() if isinstance(v, dict)}
+        for key in ("index", "keymap", "vectors"):
+            path = paths.get(key)
+            if path is None or path.name != Path(path.name).name or not path.is_file():
+                raise StoreError(f"derived {key} file is missing; run memory-rebuild", code="index-missing",
+                                 details={"file": str(path.name if path else None)})
+            if path.stat().st_size != files[key].get("bytes"):
+                raise StoreError(f"derived {key} file {path.name} has the wrong size; run memory-rebuild",
+                                 code=f"{'index' if key == 'index' else key}-corrupt",
+                                 details={"file": path.name, "bytes": path.stat().st_size,
+                                          "expected": files[key].get("bytes")})
+        try:
+            km = loads(paths["keymap"].read_bytes())
+            ids, hashes = km["ids"], km["hashes"]
+            if not (isinstance(ids, list) and isinstance(hashes, list) and len(ids) == len(hashes) == count):
+                raise ValueError("length")
+        except (OSError, ValueError, KeyError, TypeError):
+            raise StoreError("keymap is corrupt; run memory-rebuild", code="keymap-corrupt",
+                             details={"file": paths["keymap"].name})
+        try:
+            vectors = np.load(paths["vectors"], mmap_mode="r", allow_pickle=False)
+            if vectors.dtype != np.float32 or vectors.shape != (count, dim):
+                raise ValueError("shape")
+        except (OSError, ValueError):
+            raise StoreError("stored vectors are corrupt; run memory-rebuild", code="vectors-corrupt",
+                             details={"file": paths["vectors"].name})
+        return VectorIndex(ids, hashes, vectors, paths["index"], ef)
+
+    def load_current(self, attempts: int = 5) -> tuple[dict[str, Any] | None, VectorIndex | None]:
+        """Manifest and its generation, retrying if a writer swapped them mid-read."""
+        for attempt in range(attempts):
+            manifest = self.read_manifest()
+            if manifest is None:
+                return None, None
+            try:
+                return manifest, self.load(manifest)
+            except StoreError as exc:
+                again = self.read_manifest()
+                if again is not None and again.get("generation") != manifest.get("generation"):
+                    continue  # a writer committed while we read: read the new generation
+                raise exc
+        raise StoreError("derived files keep changing under the reader", code="index-busy")
+
+    # -- writing (caller holds the write lock) -----------------------------------
+    def commit(
+        self,
+        *,
+        ids: list[str],
+        hashes: list[str],
+        vectors: np.ndarray,
+        embedding: dict[str, Any],
+        params: HnswParams,
+        alpha: float,
+        previous: dict[str, Any] | None,
+        base: VectorIndex | None = None,
+        rebuilt: bool = False,
+    ) -> dict[str, Any]:
+        """Write a new generation and swap the manifest in; return the new manifest.
+
+        With ``base`` (the current generation) the first ``len(base)`` rows are
+        unchanged and its HNSW graph is extended; otherwise a fresh graph is
+        built from all rows (the deterministic rebuild path).
+        """
+        gen = f"{int(time.time() * 1000):x}-{secrets.token_hex(3)}"
+        names = _names(gen)
+        count = len(ids)
+        written: list[Path] = []
+        try:
+            files: dict[str, Any] | None = None
+            if count:
+                vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+                if base is not None and len(base) and base.hnsw_path is not None:
+                    graph = load_hnsw(base.hnsw_path, base.dim, extra=count - len(base))
+                    graph = build_hnsw(vectors[len(base):], params, base=graph)
+                else:
+                    graph = build_hnsw(vectors, params)
+                index_path = self.folder / names["index"]
+                written.append(index_path)
+                graph.save_index(str(index_path))
+                keymap_path = self.folder / names["keymap"]
+                written.append(keymap_path)
+                keymap_path.write_bytes(dumps({"format": CACHE_FORMAT, "ids": ids, "hashes": hashes}))
+                vectors_path = self.folder / names["vectors"]
+                written.append(vectors_path)
+                with open(vectors_path, "wb") as f:
+                    np.save(f, vectors, allow_pickle=False)
+                files = {}
+                for key, path in (("index", index_path), ("keymap", keymap_path), ("vectors", vectors_path)):
+                    os.chmod(path, FILE_MODE)
+                    fsync_file(path)
+                    files[key] = {"name": path.name, "bytes": path.stat().st_size}
+                fsync_dir(self.folder)
+            now = now_iso()
+            manifest = {
+                "format": CACHE_FORMAT,
+                "schema_version": SCHEMA_VERSION,
+                "generation": gen,
+                "embedding": embedding,
+                "hnsw": params.to_dict(),
+                "alpha": alpha,
+                "files": files,
+                "covers": {"count": count, "digest": covers_digest(ids, hashes),
+                           "last_id": ids[-1] if ids else None},
+                "created_at": (previous or {}).get("created_at") or now,
+                "rebuilt_at": now if rebuilt else (previous or {}).get("rebuilt_at"),
+                "updated_at": now,
+            }
+            atomic_write_bytes(self.manifest_path, dumps(manifest, pretty=True))
+        except BaseException:
+            for path in written:
+                path.unlink(missing_ok=True)
+            raise
+        self.collect_garbage(keep=gen)
+        return manifest
+
+    def collect_garbage(self, keep: str | None) -> list[str]:
+        """Delete generations other than ``keep`` and stale temp files (under the lock)."""
+        removed = []
+        keep_names = set(_names(keep).values()) if keep else set()
+        for path in self.folder.iterdir():
+            name = path.name
+            stale_tmp = name.startswith(".") and name.endswith(".tmp")
+            if (name.startswith(_PREFIXES) and name not in keep_names) or stale_tmp:
+                path.unlink(missing_ok=True)
+                removed.append(name)
+        return removed

@@ -1,0 +1,217 @@
+"""``np-tools``: JSON verbs over :class:`nubos_memory.Memory`.
+
+Each verb parses its arguments, calls one method of ``Memory`` and prints one
+JSON document on stdout.  Errors become ``{"error": {...}}`` on stderr with the
+exit code of their class (see ``errors.py``), here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .errors import DisabledError, InputError, NubosMemoryError, UsageError
+from .fsio import dumps
+
+VERBS: dict[str, Callable[[argparse.Namespace], Any]] = {}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises :class:`UsageError` instead of printing and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}", details={"usage": self.format_usage().strip()})
+
+
+def _verb(name: str, help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.verb_name, fn.verb_help = name, help_text  # type: ignore[attr-defined]
+        VERBS[name] = fn
+        return fn
+
+    return register
+
+
+def _memory(args: argparse.Namespace):
+    from .memory import Memory
+
+    return Memory.open(args.root)
+
+
+def _tags(value: str | None) -> list[str]:
+    return [t.strip() for t in value.split(",") if t.strip()] if value else []
+
+
+def _read_text_file(path: str, what: str, limit: int) -> str:
+    try:
+        data = sys.stdin.buffer.read(limit * 4 + 1) if path == "-" else Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path!r}: {exc.strerror}", code=f"{what}-unreadable",
+                         details={"path": path}) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{what} {path!r} is not UTF-8 text", code=f"{what}-unreadable",
+                         details={"path": path}) from None
+
+
+@_verb("memory-init", "create .nubos-pilot/memory/ and enable memory for this project")
+def _init(args: argparse.Namespace) -> Any:
+    from .config import find_root
+    from .memory import Memory
+    from .config import Project
+
+    # init is the one verb that works while memory is disabled: it enables it.
+    return Memory(Project(root=find_root(args.root))).init()
+
+
+@_verb("memory-add", "add one record")
+def _add(args: argparse.Namespace) -> Any:
+    from .records import MAX_BODY
+
+    mem = _memory(args)
+    mem._require_enabled()  # before reading stdin: a disabled memory reads nothing
+    if args.body is not None and args.body_file is not None:
+        raise UsageError("give --body or --body-file, not both")
+    if args.body is not None:
+        body = args.body
+    elif args.body_file is not None:
+        body = _read_text_file(args.body_file, "body-file", MAX_BODY)
+    elif not sys.stdin.isatty():
+        body = _read_text_file("-", "body-file", MAX_BODY)
+    else:
+        body = ""
+    record = {"type": args.type, "title": args.title, "body": body, "tags": _tags(args.tags),
+              "phase": args.phase, "provenance": args.provenance}
+    if args.id is not None:
+        record["id"] = args.id
+    if args.created_at is not None:
+        record["created_at"] = args.created_at
+    return mem.add(record)
+
+
+@_verb("memory-index", "add a batch of records from a JSON array or JSONL file ('-' for stdin)")
+def _index(args: argparse.Namespace) -> Any:
+    from .batchfile import MAX_BATCH_BYTES, parse_batch
+
+    mem = _memory(args)
+    mem._require_enabled()
+    path = args.records_file
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(MAX_BATCH_BYTES + 1)
+        else:
+            data = Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read records file {path!r}: {exc.strerror}", code="records-file-unreadable",
+                         details={"path": path}) from None
+    return mem.index(parse_batch(data, path))
+
+
+@_verb("memory-query", "hybrid BM25 + vector search")
+def _query(args: argparse.Namespace) -> Any:
+    if args.text is not None and args.positional:
+        raise UsageError("give the query as --text or positionally, not both")
+    text = args.text if args.text is not None else (" ".join(args.positional) if args.positional else None)
+    return _memory(args).query(text, k=args.k, type=args.type, phase=args.phase, tags=_tags(args.tags),
+                               alpha=args.alpha, fusion=args.fusion, explain=args.explain)
+
+
+@_verb("memory-rebuild", "rebuild the index, keymap and manifest from records.jsonl")
+def _rebuild(args: argparse.Namespace) -> Any:
+    mem = _memory(args)
+    progress = None
+    if sys.stderr.isatty():
+        def progress(done: int, total: int) -> None:
+            width = 30
+            filled = int(width * done / max(total, 1))
+            sys.stderr.write(f"\rembedding [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+            if done >= total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+    return mem.rebuild(progress)
+
+
+@_verb("memory-stats", "counts, model, timestamps and consistency of the memory")
+def _stats(args: argparse.Namespace) -> Any:
+    return _memory(args).stats()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="np-tools", description="nubos-memory: long-term memory for AI coding agents. "
+                     "Every verb prints one JSON document on stdout; errors are JSON on stderr.")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    for name, fn in VERBS.items():
+        p = sub.add_parser(name, help=fn.verb_help, description=fn.verb_help)  # type: ignore[attr-defined]
+        p.add_argument("--root", help="project root (default: $NUBOS_PILOT_ROOT or nearest folder with .nubos-pilot/)")
+        p.add_argument("--skip-if-disabled", action="store_true",
+                       help='answer {"skipped": true, "reason": "memory-disabled"} (exit 0) when memory is off')
+        if name == "memory-add":
+            p.add_argument("--type", required=True, help="learning|handoff|critic|research (or a configured type)")
+            p.add_argument("--title", required=True)
+            p.add_argument("--body", help="body text (else --body-file, else stdin)")
+            p.add_argument("--body-file", help="read the body from this file ('-' for stdin)")
+            p.add_argument("--tags", help="comma-separated tags")
+            p.add_argument("--phase")
+            p.add_argument("--provenance", help="VERIFIED|CITED|ASSUMED|CACHED")
+            p.add_argument("--id", help="record id (default: a new UUIDv4)")
+            p.add_argument("--created-at", help="ISO-8601 timestamp (default: now)")
+        elif name == "memory-index":
+            p.add_argument("--records-file", required=True, help="JSON array or JSONL file, '-' for stdin")
+        elif name == "memory-query":
+            p.add_argument("positional", nargs="*", metavar="TEXT", help="query text (or --text)")
+            p.add_argument("--text")
+            p.add_argument("--k", type=int, default=8, help="number of hits (default 8)")
+            p.add_argument("--type")
+            p.add_argument("--phase")
+            p.add_argument("--tags", help="comma-separated; a hit needs at least one")
+            p.add_argument("--alpha", type=float, help="lexical weight in [0, 1] (default from config)")
+            p.add_argument("--fusion", choices=("alpha", "rrf"))
+            p.add_argument("--explain", action="store_true", help="show each hit's score parts")
+    return parser
+
+
+def _emit(stream: Any, doc: Any) -> None:
+    stream.write(dumps(doc).decode("utf-8") + "\n")
+    stream.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one verb; return the process exit code."""
+    parser = build_parser()
+    args = None
+    try:
+        args = parser.parse_args(argv)
+        if not args.verb:
+            raise UsageError("a verb is required", details={"verbs": sorted(VERBS)})
+        result = VERBS[args.verb](args)
+    except DisabledError as exc:
+        if args is not None and getattr(args, "skip_if_disabled", False):
+            _emit(sys.stdout, {"skipped": True, "reason": "memory-disabled"})
+            return 0
+        _emit(sys.stderr, {"error": exc.to_dict()})
+        return exc.exit_code
+    except NubosMemoryError as exc:
+        _emit(sys.stderr, {"error": exc.to_dict()})
+        return exc.exit_code
+    except OSError as exc:  # an I/O failure outside the library's own handling
+        _emit(sys.stderr, {"error": {"code": "io-error", "message": str(exc), "details": {}}})
+        return 74
+    except KeyboardInterrupt:
+        _emit(sys.stderr, {"error": {"code": "interrupted", "message": "interrupted", "details": {}}})
+        return 130
+    except Exception as exc:  # a bug: still one JSON error, never a bare traceback
+        if os.environ.get("NUBOS_MEMORY_DEBUG"):
+            raise
+        _emit(sys.stderr, {"error": {"code": "internal-error", "message": f"{type(exc).__name__}: {exc}",
+                                     "details": {"hint": "set NUBOS_MEMORY_DEBUG=1 for a traceback"}}})
+        return 70
+    _emit(sys.stdout, result)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

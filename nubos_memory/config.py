@@ -1,0 +1,196 @@
+"""Project discovery and the ``memory`` section of ``.nubos-pilot/config.json``.
+
+The project root is ``--root``, else ``$NUBOS_PILOT_ROOT``, else the nearest
+folder upward from the working directory that contains ``.nubos-pilot/``,
+else the working directory itself (where memory is then simply disabled).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .fsio import JSONDecodeError, loads
+
+STATE_DIR = ".nubos-pilot"
+CONFIG_FILE = "config.json"
+MEMORY_DIR = "memory"
+ROOT_ENV = "NUBOS_PILOT_ROOT"
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+BASE_TYPES = ("learning", "handoff", "critic", "research")
+PROVIDERS = ("local", "hash")
+FUSIONS = ("alpha", "rrf")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Validated ``memory`` settings; defaults are justified in adr/0002."""
+
+    enabled: bool = False
+    provider: str = "local"
+    model: str = DEFAULT_MODEL
+    alpha: float = 0.6
+    threshold: float = 0.3
+    fusion: str = "alpha"
+    candidates: int = 100
+    types: tuple[str, ...] = ()
+    lock_timeout: float = 30.0
+    max_pending_embed: int = 512
+    hnsw_m: int = 16
+    hnsw_ef_construction: int = 200
+    hnsw_ef_search: int = 100
+
+    @property
+    def record_types(self) -> tuple[str, ...]:
+        """The four spec types plus any the project added."""
+        return BASE_TYPES + tuple(t for t in self.types if t not in BASE_TYPES)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["types"] = list(self.types)
+        return d
+
+
+def _bad(key: str, value: Any, expected: str) -> ConfigError:
+    return ConfigError(
+        f"memory.{key} must be {expected}, got {value!r}",
+        code="config-invalid-value",
+        details={"key": f"memory.{key}", "value": value, "expected": expected},
+    )
+
+
+def _number(key: str, value: Any, lo: float, hi: float, *, integer: bool = False) -> float | int:
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type or not math.isfinite(value) or not lo <= value <= hi:
+        kind = "an integer" if integer else "a number"
+        raise _bad(key, value, f"{kind} in [{lo}, {hi}]")
+    return value
+
+
+def _validate(raw: dict[str, Any]) -> MemoryConfig:
+    known = {f.name for f in fields(MemoryConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) in memory config: {', '.join(unknown)}",
+            code="config-unknown-key",
+            details={"unknown": unknown, "known": sorted(known)},
+        )
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "enabled":
+            if not isinstance(value, bool):
+                raise _bad(key, value, "true or false")
+        elif key == "provider":
+            if value not in PROVIDERS:
+                raise _bad(key, value, f"one of {list(PROVIDERS)}")
+        elif key == "model":
+            if not isinstance(value, str) or not value.strip() or len(value) > 1024 or "\x00" in value:
+                raise _bad(key, value, "a non-empty model name or path")
+        elif key == "fusion":
+            if value not in FUSIONS:
+                raise _bad(key, value, f"one of {list(FUSIONS)}")
+        elif key == "types":
+            if not isinstance(value, list) or not all(
+                isinstance(t, str) and t.isidentifier() and len(t) <= 32 for t in value
+            ) or len(value) > 64:
+                raise _bad(key, value, "a list of at most 64 short identifier strings")
+            value = tuple(value)
+        elif key == "alpha":
+            value = float(_number(key, value, 0.0, 1.0))
+        elif key == "threshold":
+            value = float(_number(key, value, -1.0, 1.0))
+        elif key == "lock_timeout":
+            value = float(_number(key, value, 0.0, 3600.0))
+        elif key == "candidates":
+            value = _number(key, value, 1, 10_000, integer=True)
+        elif key == "max_pending_embed":
+            value = _number(key, value, 0, 1_000_000, integer=True)
+        elif key == "hnsw_m":
+            value = _number(key, value, 2, 128, integer=True)
+        elif key in ("hnsw_ef_construction", "hnsw_ef_search"):
+            value = _number(key, value, 1, 10_000, integer=True)
+        out[key] = value
+    return MemoryConfig(**out)
+
+
+@dataclass(frozen=True)
+class Project:
+    """Where a project's memory lives, and its settings."""
+
+    root: Path
+    config: MemoryConfig = field(default_factory=MemoryConfig)
+    config_found: bool = False
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / STATE_DIR
+
+    @property
+    def config_path(self) -> Path:
+        return self.state_dir / CONFIG_FILE
+
+    @property
+    def memory_dir(self) -> Path:
+        return self.state_dir / MEMORY_DIR
+
+
+def find_root(explicit: str | os.PathLike[str] | None = None, cwd: Path | None = None) -> Path:
+    """Resolve the project root (see module docstring)."""
+    given = explicit if explicit is not None else os.environ.get(ROOT_ENV) or None
+    if given is not None:
+        root = Path(given).expanduser()
+        if not root.is_dir():
+            raise ConfigError(
+                f"project root {str(root)!r} is not a folder",
+                code="project-not-found",
+                details={"root": str(root)},
+            )
+        return root.resolve()
+    start = (cwd or Path.cwd()).resolve()
+    for folder in (start, *start.parents):
+        if (folder / STATE_DIR).is_dir():
+            return folder
+    return start
+
+
+def read_config_file(path: Path) -> dict[str, Any] | None:
+    """The whole config document, or ``None`` when there is no file."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}", code="config-invalid", details={"path": str(path)})
+    try:
+        doc = loads(data)
+    except JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not valid JSON: {exc}", code="config-invalid-json", details={"path": str(path)}
+        )
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path} must hold a JSON object", code="config-invalid-json", details={"path": str(path)})
+    return doc
+
+
+def load_project(root: str | os.PathLike[str] | None = None) -> Project:
+    """Find the project and validate its memory config."""
+    path = find_root(root)
+    cfg_path = path / STATE_DIR / CONFIG_FILE
+    doc = read_config_file(cfg_path)
+    if doc is None:
+        return Project(root=path)
+    section = doc.get("memory", {})
+    if not isinstance(section, dict):
+        raise _bad("(section)", section, "an object")
+    try:
+        config = _validate(section)
+    except ConfigError as exc:
+        exc.details.setdefault("path", str(cfg_path))
+        raise
+    return Project(root=path, config=config, config_found=True)

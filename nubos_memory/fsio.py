@@ -1,0 +1,76 @@
+"""Durable file primitives: JSON encoding, fsync, atomic replace.
+
+Derived files are always written to a temporary name in the same folder,
+fsynced, and swapped in with ``os.replace`` so that a reader sees the old
+file or the new one, never half of either.  Files are created 0600.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+def dumps(obj: Any, *, pretty: bool = False) -> bytes:
+    """Encode ``obj`` as UTF-8 JSON bytes (no trailing newline)."""
+    option = orjson.OPT_SERIALIZE_NUMPY
+    if pretty:
+        option |= orjson.OPT_INDENT_2
+    return orjson.dumps(obj, option=option)
+
+
+loads = orjson.loads
+JSONDecodeError = orjson.JSONDecodeError
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename or a new file inside it is durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(path: Path) -> None:
+    """Create ``path`` (and parents) owner-only if it does not exist."""
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+
+
+def temp_path(target: Path) -> Path:
+    """A fresh temporary path beside ``target`` (same filesystem, so rename is atomic)."""
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    return Path(name)
+
+
+def atomic_write_bytes(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` atomically and durably."""
+    tmp = temp_path(target)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(target.parent)
+
+
+def fsync_file(path: Path) -> None:
+    """fsync a file written by a library that does not do it (hnswlib, numpy)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,74 @@
+"""Fusing the lexical and the vector signal into one ranking.
+
+``alpha`` fusion (default)::
+
+    score = α · norm(bm25) + (1 − α) · cosine      both signals exist
+    score = norm(bm25)                              no vector for the record (absent, not zero)
+    score = (1 − α) · cosine                        no shared term; kept only if cosine ≥ threshold
+
+Both scores are exact for every candidate: a record outside one side's
+top-N still gets its real BM25 score and its real cosine.  ``norm`` divides
+by ``max(best, β·U(q))`` where ``U(q) = Σ idf·(k1+1)`` is the most any
+document could score for the query: a strong best match maps to 1.0, a weak
+best match stays well below it (see adr/0002 for the SciFact numbers).
+
+``rrf`` fusion: Σ 1/(k + rank) over the lists that hold the candidate, k=60.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RRF_K = 60
+NORM_BETA = 0.5
+
+
+def bm25_normaliser(best: float, upper_bound: float, beta: float = NORM_BETA) -> float:
+    """The divisor that maps raw BM25 scores of one query into [0, 1]."""
+    return max(best, beta * upper_bound, 1e-12)
+
+
+@dataclass
+class Candidate:
+    """One record's signals for a query (``cosine`` None = no vector: absent)."""
+
+    position: int
+    lexical_raw: float
+    lexical_norm: float
+    cosine: float | None
+    lexical_rank: int | None = None
+    vector_rank: int | None = None
+    score: float = 0.0
+    retrieval: str = "bm25"
+
+
+def fuse_alpha(cands: list[Candidate], alpha: float, threshold: float) -> list[Candidate]:
+    """Score candidates by α-fusion; drop vector-only ones under the threshold."""
+    kept = []
+    for c in cands:
+        if c.cosine is None:
+            if c.lexical_raw <= 0:
+                continue
+            c.score, c.retrieval = c.lexical_norm, "bm25"
+        elif c.lexical_raw > 0:
+            c.score, c.retrieval = alpha * c.lexical_norm + (1 - alpha) * c.cosine, "hybrid"
+        elif c.cosine >= threshold:
+            c.score, c.retrieval = (1 - alpha) * c.cosine, "vector"
+        else:
+            continue
+        kept.append(c)
+    return kept
+
+
+def fuse_rrf(cands: list[Candidate], threshold: float, k: int = RRF_K) -> list[Candidate]:
+    """Reciprocal-rank fusion over the lexical and vector candidate lists."""
+    kept = []
+    for c in cands:
+        lexical = c.lexical_raw > 0 and c.lexical_rank is not None
+        vector = c.cosine is not None and c.vector_rank is not None
+        if not lexical and (not vector or c.cosine < threshold):
+            continue
+        c.score = (1.0 / (k + c.lexical_rank) if lexical else 0.0) + (1.0 / (k + c.vector_rank) if vector else 0.0)
+        c.retrieval = "hybrid" if lexical and vector else ("bm25" if lexical else "vector")
+        kept.append(c)
+    return kept

@@ -1,0 +1,96 @@
+"""The memory's single cross-process write lock.
+
+``filelock`` takes an ``flock`` on ``.lock``; the kernel drops it when its
+holder dies, so a lock left by a dead process is reclaimed by the next
+writer.  Who holds it (pid, host, verb, since) is written to
+``.lock.holder.json`` after acquiring, so a ``lock-timeout`` can say who is
+in the way.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from filelock import FileLock, Timeout
+
+from .errors import LockTimeout
+from .fsio import FILE_MODE, atomic_write_bytes, dumps, loads
+
+LOCK_FILE = ".lock"
+HOLDER_FILE = ".lock.holder.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class WriteLock:
+    """``with lock.hold("memory-add"):`` spans read → decide → write."""
+
+    def __init__(self, folder: Path, timeout: float):
+        self.folder = folder
+        self.timeout = timeout
+        self._lock = FileLock(str(folder / LOCK_FILE), mode=FILE_MODE, thread_local=False)
+
+    def holder(self) -> dict[str, Any] | None:
+        """The last recorded holder, with whether that process is still alive."""
+        try:
+            info = loads((self.folder / HOLDER_FILE).read_bytes())
+        except (OSError, ValueError):
+            return None
+        if isinstance(info, dict) and isinstance(info.get("pid"), int):
+            info["alive"] = info.get("host") != socket.gethostname() or _alive(info["pid"])
+            return info
+        return None
+
+    @contextmanager
+    def hold(self, verb: str, timeout: float | None = None) -> Iterator[None]:
+        wait = self.timeout if timeout is None else timeout
+        try:
+            self._lock.acquire(timeout=wait)
+        except Timeout:
+            raise LockTimeout(
+                f"another process holds the memory write lock (waited {wait:g}s)",
+                details={"waited_s": wait, "holder": self.holder(), "lock": str(self.folder / LOCK_FILE)},
+            ) from None
+        try:
+            atomic_write_bytes(
+                self.folder / HOLDER_FILE,
+                dumps({"pid": os.getpid(), "host": socket.gethostname(), "verb": verb, "since": time.time()}),
+            )
+            yield
+        finally:
+            self._lock.release()
+
+    def try_hold(self, verb: str) -> "_TryHold":
+        """A context manager that yields True when the lock was free, False otherwise."""
+        return _TryHold(self, verb)
+
+
+class _TryHold:
+    def __init__(self, lock: WriteLock, verb: str):
+        self._cm = lock.hold(verb, timeout=0)
+        self._entered = False
+
+    def __enter__(self) -> bool:
+        try:
+            self._cm.__enter__()
+        except LockTimeout:
+            return False
+        self._entered = True
+        return True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._entered:
+            self._cm.__exit__(*exc)

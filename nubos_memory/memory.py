@@ -1,0 +1,386 @@
+"""The library object: everything a verb does is one method of :class:`Memory`.
+
+Data flows one way: records (``records.jsonl``) → embeddings → derived cache
+(index, keymap, vectors, manifest) → query.  Writes append the record lines
+under the lock and fsync them *before* the derived files change; embedding
+runs outside the lock; the derived files are committed under the lock as one
+new generation (see ``cache.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .cache import DerivedCache
+from .config import MEMORY_DIR, Project, load_project, read_config_file
+from .embedders import Embedder, fingerprint_of, make_embedder
+from .errors import (
+    DisabledError, EmbeddingError, InputError, NubosMemoryError, RebuildRequired, StoreError, UsageError,
+)
+from .fsio import DIR_MODE, atomic_write_bytes, dumps, ensure_dir
+from .lock import WriteLock
+from .recordlog import LogScan, RecordLog
+from .records import SCHEMA_VERSION, content_hash, embed_text, validate_batch
+from .vector_index import HnswParams, VectorIndex
+
+RECORDS = "records.jsonl"
+MAX_K = 1000
+MAX_QUERY_CHARS = 10_000
+EMBED_BATCH = 256
+
+GITIGNORE = """# nubos-memory: everything here but the source of truth is a derived cache,
+# rebuilt exactly from records.jsonl by `np-tools memory-rebuild`.
+*
+!.gitignore
+!.gitattributes
+!records.jsonl
+"""
+GITATTRIBUTES = "records.jsonl merge=union\n"
+
+Progress = Callable[[int, int], None]
+
+
+def _degraded(exc: NubosMemoryError) -> dict[str, Any]:
+    return {"code": exc.code, "message": exc.message, "details": exc.details}
+
+
+@dataclass
+class VectorState:
+    """The vector layer as one operation sees it."""
+
+    index: VectorIndex | None = None
+    manifest: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # id -> vector embedded but not persisted
+    degraded: dict[str, Any] | None = None
+    indexed: int = 0
+
+    def has_vector(self, record: dict[str, Any]) -> bool:
+        return self.vector_label(record) is not None or record["id"] in self.extra
+
+    def vector_label(self, record: dict[str, Any]) -> int | None:
+        if self.index is None:
+            return None
+        label = self.index.label_of.get(record["id"])
+        if label is None or self.index.hashes[label] != content_hash(embed_text(record)):
+            return None
+        return label
+
+
+class Memory:
+    """One project's memory.  ``Memory.open()`` finds the project like the CLI does."""
+
+    def __init__(self, project: Project, embedder: Embedder | None = None):
+        self.project = project
+        self.config = project.config
+        self.folder = project.memory_dir
+        self.log = RecordLog(self.folder / RECORDS)
+        self.cache = DerivedCache(self.folder)
+        self.lock = WriteLock(self.folder, self.config.lock_timeout)
+        self._embedder = embedder
+        self.params = HnswParams(self.config.hnsw_m, self.config.hnsw_ef_construction, self.config.hnsw_ef_search)
+
+    @classmethod
+    def open(cls, root: str | os.PathLike[str] | None = None, *, embedder: Embedder | None = None) -> "Memory":
+        return cls(load_project(root), embedder)
+
+    # -- plumbing ------------------------------------------------------------------
+    @property
+    def embedder(self) -> Embedder:
+        """The configured embedder (constructed on first use; the model loads on first embed)."""
+        if self._embedder is None:
+            self._embedder = make_embedder(self.config.provider, self.config.model)
+        return self._embedder
+
+    def _require_enabled(self) -> None:
+        if not self.config.enabled:
+            raise DisabledError(
+                "memory is disabled for this project (memory.enabled is false); run memory-init to enable it",
+                details={"root": str(self.project.root), "config": str(self.project.config_path)},
+            )
+
+    def _prepare_folder(self) -> None:
+        ensure_dir(self.folder)
+        for name, text in ((".gitignore", GITIGNORE), (".gitattributes", GITATTRIBUTES)):
+            path = self.folder / name
+            if not path.exists():
+                atomic_write_bytes(path, text.encode())
+
+    def _mismatch(self, manifest: dict[str, Any], dim: int | None) -> RebuildRequired | None:
+        """A RebuildRequired if the manifest's vectors are not comparable with ours."""
+        stored = manifest["embedding"]
+        ours = self.embedder.spec(dim)
+        if dim is None and ours["dim"] is None:
+            ours = {**ours, "dim": stored.get("dim")}  # dimension unknown until the model loads
+        if fingerprint_of(ours) == stored.get("fingerprint"):
+            return None
+        return RebuildRequired(
+            "the index was built with another embedding model or settings; vectors of the two are never "
+            "mixed. Run memory-rebuild.",
+            details={"index": {k: stored.get(k) for k in ("provider", "model", "dim", "template", "fingerprint")},
+                     "config": {**{k: ours.get(k) for k in ("provider", "model", "dim", "template")},
+                                "fingerprint": fingerprint_of(ours)}},
+        )
+
+    def _our_embedding(self) -> dict[str, Any]:
+        spec = self.embedder.spec(self.embedder.dim)
+        return {**spec, "fingerprint": fingerprint_of(spec)}
+
+    def _sync_vectors(self, records: list[dict[str, Any]], *, must: Iterable[str] = (), cap: int,
+                      blocking: bool, verb: str) -> VectorState:
+        """Load the vector layer and embed+index records it lacks.
+
+        ``must`` ids are always embedded (the records a write just added);
+        other missing records up to ``cap``.  Failures come back as
+        ``degraded``, never as exceptions: the records are already safe.
+        """
+        state = VectorState()
+        try:
+            state.manifest, state.index = self.cache.load_current()
+            if state.manifest is not None:
+                err = self._mismatch(state.manifest, None)
+                if err:
+                    raise err
+            must = set(must)
+            missing = [r for r in records if not state.has_vector(r)]
+            todo = [r for r in missing if r["id"] in must] + [r for r in missing if r["id"] not in must][:cap]
+            if todo:
+                vectors = self._embed([embed_text(r) for r in todo])
+                if state.manifest is not None:
+                    err = self._mismatch(state.manifest, self.embedder.dim)
+                    if err:
+                        raise err
+                state.extra = {r["id"]: v for r, v in zip(todo, vectors)}
+                self._persist(state, todo, blocking=blocking, verb=verb)
+        except (StoreError, EmbeddingError, RebuildRequired) as exc:
+            state.degraded = _degraded(exc)
+        except OSError as exc:  # disk full, permissions: the records are safe, the index is behind
+            state.degraded = _degraded(StoreError(
+                f"could not write the derived index: {exc.strerror or exc}; records are saved and will be "
+                "indexed by the next write, query or memory-rebuild", code="index-write-failed"))
+        return state
+
+    def _embed(self, texts: list[str], progress: Progress | None = None) -> Any:
+        import numpy as np
+
+        out = []
+        for start in range(0, len(texts), EMBED_BATCH):
+            out.append(self.embedder.embed(texts[start : start + EMBED_BATCH]))
+            if progress:
+                progress(min(start + EMBED_BATCH, len(texts)), len(texts))
+        return np.concatenate(out) if out else np.zeros((0, self.embedder.dim), dtype=np.float32)
+
+    def _persist(self, state: VectorState, todo: list[dict[str, Any]], *, blocking: bool, verb: str) -> None:
+        """Commit newly embedded vectors as a new generation (under the lock)."""
+        import numpy as np
+
+        hold = self.lock.hold(verb) if blocking else self.lock.try_hold(verb)
+        with hold as got:
+            if got is False:
+                return  # another writer is busy; this query uses its vectors in memory only
+            manifest, current = self.cache.load_current()
+            if manifest is not None:
+                err = self._mismatch(manifest, self.embedder.dim)
+                if err:
+                    raise err
+            ids = list(current.ids) if current else []
+            hashes = list(current.hashes) if current else []
+            label_of = current.label_of if current else {}
+            base_vecs = np.array(current.vectors, dtype=np.float32) if current and len(current) else None
+            rewrite = False
+            new_ids, new_hashes, new_vecs = [], [], []
+            for r in todo:
+                h = content_hash(embed_text(r))
+                label = label_of.get(r["id"])
+                if label is None:
+                    new_ids.append(r["id"])
+                    new_hashes.append(h)
+                    new_vecs.append(state.extra[r["id"]])
+                elif hashes[label] != h:  # the record's text changed (a hand edit): replace its vector
+                    rewrite = True
+                    hashes[label] = h
+                    base_vecs[label] = state.extra[r["id"]]  # type: ignore[index]
+            if not new_ids and not rewrite:
+                state.manifest, state.index = manifest, current
+                return
+            parts = ([base_vecs] if base_vecs is not None else []) + ([np.stack(new_vecs)] if new_vecs else [])
+            all_vecs = np.concatenate(parts)
+            state.manifest = self.cache.commit(
+                ids=ids + new_ids, hashes=hashes + new_hashes, vectors=all_vecs,
+                embedding=self._our_embedding(), params=self.params, alpha=self.config.alpha,
+                previous=manifest, base=None if rewrite else current,
+            )
+            state.indexed = len(new_ids)
+            state.manifest, state.index = self.cache.load_current()
+            state.extra = {k: v for k, v in state.extra.items() if state.index is None or k not in state.index.label_of}
+
+    # -- verbs -----------------------------------------------------------------------
+    def init(self) -> dict[str, Any]:
+        """Create the memory folder and enable memory in the project config."""
+        state_dir = self.project.state_dir
+        created = []
+        for folder in (state_dir, self.folder):
+            if not folder.exists():
+                created.append(str(folder.relative_to(self.project.root)))
+        state_dir.mkdir(mode=DIR_MODE, exist_ok=True)
+        doc = read_config_file(self.project.config_path) or {}
+        section = dict(doc.get("memory") or {})
+        section["enabled"] = True
+        doc["memory"] = section
+        # Validate what we are about to write, so init never leaves a config that later verbs reject.
+        from .config import _validate
+
+        config = _validate(section)
+        atomic_write_bytes(self.project.config_path, dumps(doc, pretty=True) + b"\n")
+        self.config = config
+        self._prepare_folder()
+        return {
+            "initialized": True,
+            "root": str(self.project.root),
+            "memory_dir": str(self.folder),
+            "config_path": str(self.project.config_path),
+            "created": created,
+            "config": config.to_dict(),
+        }
+
+    def add(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Add one record (``memory-add``)."""
+        result = self.index([record], verb="memory-add")
+        rec_id = result["ids"][0] if result["ids"] else result["skipped_ids"][0]
+        return {"id": rec_id, **result}
+
+    def index(self, raws: list[Any], *, verb: str = "memory-index") -> dict[str, Any]:
+        """Validate a batch whole, append the new records durably, then index them."""
+        self._require_enabled()
+        records = validate_batch(raws, self.config.record_types)
+        self._prepare_folder()
+        with self.lock.hold(verb):
+            recovered = self.log.recover_tail()
+            scan = self.log.scan()
+            seen = scan.ids()
+            new, skipped = [], []
+            for r in records:
+                if r["id"] in seen:
+                    skipped.append(r["id"])
+                else:
+                    seen.add(r["id"])
+                    new.append(r)
+            self.log.append(new)
+        state = self._sync_vectors(scan.records + new, must=[r["id"] for r in new],
+                                   cap=self.config.max_pending_embed, blocking=True, verb=verb)
+        pending = sum(1 for r in scan.records + new if not state.has_vector(r)) if state.degraded is None else None
+        return {
+            "added": len(new),
+            "skipped": len(skipped),
+            "ids": [r["id"] for r in new],
+            "skipped_ids": skipped,
+            "indexed": state.indexed,
+            "pending": pending,
+            "degraded": state.degraded,
+            "recovered": recovered,
+            "warnings": scan.warnings(),
+        }
+
+    def query(
+        self,
+        text: str | None,
+        *,
+        k: int = 8,
+        type: str | None = None,
+        phase: str | None = None,
+        tags: list[str] | None = None,
+        alpha: float | None = None,
+        fusion: str | None = None,
+        explain: bool = False,
+    ) -> dict[str, Any]:
+        """Hybrid search (``memory-query``); see ``fusion.py`` for the scoring."""
+        from .query import run_query
+
+        self._require_enabled()
+        if text is None:
+            raise UsageError("query text is required (--text or positional)")
+        if not isinstance(text, str) or not text.strip():
+            raise InputError("query text is empty", code="memory-empty-query")
+        if len(text) > MAX_QUERY_CHARS:
+            raise InputError(f"query text is longer than {MAX_QUERY_CHARS} characters", code="query-too-long",
+                             details={"length": len(text), "limit": MAX_QUERY_CHARS})
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise InputError(f"k must be an integer in 1..{MAX_K}", code="query-invalid-k", details={"k": k})
+        alpha = self.config.alpha if alpha is None else alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+            raise InputError("alpha must be a number in [0, 1]", code="query-invalid-alpha", details={"alpha": alpha})
+        fusion = fusion or self.config.fusion
+        if fusion not in ("alpha", "rrf"):
+            raise InputError("fusion must be 'alpha' or 'rrf'", code="query-invalid-fusion", details={"fusion": fusion})
+        return run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
+                         fusion=fusion, explain=explain)
+
+    def rebuild(self, progress: Progress | None = None) -> dict[str, Any]:
+        """Rebuild every derived file from ``records.jsonl`` (``memory-rebuild``).
+
+        Vectors of unchanged text under the same fingerprint are reused; the
+        graph is built fresh, in file order, single-threaded, fixed seed.
+        """
+        import numpy as np
+
+        self._require_enabled()
+        self._prepare_folder()
+        scan = self.log.scan()
+        ours = self._our_embedding()
+        reuse: dict[str, Any] = {}
+        try:
+            manifest, current = self.cache.load_current()
+        except StoreError:
+            manifest, current = None, None  # whatever is broken is replaced, on explicit request
+        if manifest is not None and current is not None and manifest["embedding"].get("fingerprint") == ours[
+            "fingerprint"
+        ]:
+            reuse = {h: i for i, h in enumerate(current.hashes)}
+        hashes = [content_hash(embed_text(r)) for r in scan.records]
+        todo: dict[str, str] = {}
+        for r, h in zip(scan.records, hashes):
+            if h not in reuse and h not in todo:
+                todo[h] = embed_text(r)
+        fresh = self._embed(list(todo.values()), progress)
+        fresh_of = {h: i for i, h in enumerate(todo)}
+        dim = self.embedder.dim
+        vectors = np.zeros((len(scan.records), dim), dtype=np.float32)
+        for row, h in enumerate(hashes):
+            vectors[row] = fresh[fresh_of[h]] if h in fresh_of else current.vectors[reuse[h]]  # type: ignore[union-attr]
+        with self.lock.hold("memory-rebuild"):
+            try:
+                previous = self.cache.read_manifest()
+            except StoreError:
+                previous = None
+            new_manifest = self.cache.commit(
+                ids=[r["id"] for r in scan.records], hashes=hashes, vectors=vectors, embedding=ours,
+                params=self.params, alpha=self.config.alpha, previous=previous, base=None, rebuilt=True,
+            )
+        return {
+            "rebuilt": True,
+            "count": len(scan.records),
+            "embedded": len(todo),
+            "reused": len(scan.records) - sum(1 for h in hashes if h in fresh_of),
+            "model": ours["model"],
+            "dim": ours["dim"],
+            "fingerprint": ours["fingerprint"],
+            "rebuilt_at": new_manifest["rebuilt_at"],
+            "skipped_lines": len(scan.corrupt) + len(scan.duplicates),
+            "warnings": scan.warnings(),
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Counts, model, timestamps and a consistency report (never loads the model)."""
+        from .stats import collect_stats
+
+        self._require_enabled()
+        return collect_stats(self)
+
+    def scan(self) -> LogScan:
+        """Read ``records.jsonl`` (tolerating damage; see ``recordlog.py``)."""
+        return self.log.scan()
+
+
+__all__ = ["Memory", "VectorState", "RECORDS", "MEMORY_DIR", "SCHEMA_VERSION"]

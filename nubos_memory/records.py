@@ -1,0 +1,219 @@
+"""Record schema v1: validation of single records and whole batches.
+
+A record is one line of ``records.jsonl``::
+
+    {"id", "type", "phase", "title", "body", "tags", "provenance", "created_at"}
+
+Every field error has its own stable code (``record-invalid-type``,
+``record-missing-title``, ...) and names the record by its position in the
+batch and its id.  A batch is validated whole before anything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+from .errors import InputError
+
+SCHEMA_VERSION = 1
+FIELDS = ("id", "type", "phase", "title", "body", "tags", "provenance", "created_at")
+PROVENANCES = ("VERIFIED", "CITED", "ASSUMED", "CACHED")
+
+MAX_ID = 128
+MAX_TITLE = 1_000
+MAX_BODY = 100_000
+MAX_PHASE = 128
+MAX_TAG = 64
+MAX_TAGS = 64
+MAX_BATCH = 100_000
+
+EMBED_TEMPLATE = "{title}\n{body}"
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*\Z")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def now_iso() -> str:
+    """The current UTC time as ``YYYY-MM-DDTHH:MM:SS.ffffffZ``."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def embed_text(record: dict[str, Any]) -> str:
+    """The text that is embedded for a record (recorded in the manifest as the template)."""
+    return EMBED_TEMPLATE.format(title=record["title"], body=record.get("body") or "")
+
+
+def content_hash(text: str) -> str:
+    """A stable hash of embedded text; unchanged text is never re-embedded."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def lexical_text(record: dict[str, Any]) -> str:
+    """The text BM25 indexes: title, body and tags."""
+    return "\n".join((record["title"], record.get("body") or "", " ".join(record.get("tags") or ())))
+
+
+class _Fail(Exception):
+    def __init__(self, code: str, message: str, field: str):
+        self.code, self.message, self.field = code, message, field
+
+
+def _utf8(value: str, field: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Fail(f"record-invalid-{field}", f"{field} is not valid Unicode text", field)
+
+
+def _single_line(value: Any, field: str, limit: int, *, required: bool) -> str | None:
+    if value is None:
+        if required:
+            raise _Fail(f"record-missing-{field}", f"{field} is required", field)
+        return None
+    if not isinstance(value, str):
+        raise _Fail(f"record-invalid-{field}", f"{field} must be a string", field)
+    _utf8(value, field)
+    value = value.strip()
+    if not value and required:
+        raise _Fail(f"record-missing-{field}", f"{field} must not be empty", field)
+    if len(value) > limit:
+        raise _Fail("record-too-large", f"{field} is longer than {limit} characters", field)
+    if _CONTROL.search(value):
+        raise _Fail(f"record-invalid-{field}", f"{field} must not contain control characters", field)
+    return value or None
+
+
+def _tags(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _Fail("record-invalid-tags", "tags must be a list of strings", "tags")
+    if len(value) > MAX_TAGS:
+        raise _Fail("record-invalid-tags", f"at most {MAX_TAGS} tags", "tags")
+    out: list[str] = []
+    for tag in value:
+        if not isinstance(tag, str):
+            raise _Fail("record-invalid-tags", "every tag must be a string", "tags")
+        _utf8(tag, "tags")
+        tag = tag.strip()
+        if not tag or len(tag) > MAX_TAG or "," in tag or _CONTROL.search(tag):
+            raise _Fail(
+                "record-invalid-tags",
+                f"tag {tag!r} must be 1-{MAX_TAG} characters without commas or control characters",
+                "tags",
+            )
+        if tag not in out:
+            out.append(tag)
+    return out
+
+
+def _created_at(value: Any) -> str:
+    if value is None:
+        return now_iso()
+    if not isinstance(value, str) or len(value) > 64:
+        raise _Fail("record-invalid-created-at", "created_at must be an ISO-8601 string", "created_at")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise _Fail("record-invalid-created-at", f"created_at {value!r} is not ISO-8601", "created_at")
+    if parsed.tzinfo is None:
+        raise _Fail("record-invalid-created-at", "created_at must carry a time zone (e.g. Z)", "created_at")
+    return value
+
+
+def normalise_record(raw: Any, types: Iterable[str] | None) -> dict[str, Any]:
+    """Validate one record and return it in canonical form (field order of the spec).
+
+    ``types=None`` accepts any type word (used when reading the log, so a
+    project that removes a custom type still sees its old records).
+    """
+    if not isinstance(raw, dict):
+        raise _Fail("record-not-object", "a record must be a JSON object", "record")
+    unknown = sorted(set(raw) - set(FIELDS))
+    if unknown:
+        raise _Fail("record-unknown-field", f"unknown field(s): {', '.join(map(str, unknown))}", unknown[0])
+    rid = raw.get("id")
+    if rid is None:
+        rid = str(uuid.uuid4())
+    elif not isinstance(rid, str) or not rid or len(rid) > MAX_ID or not _ID.match(rid):
+        raise _Fail(
+            "record-invalid-id",
+            f"id must be 1-{MAX_ID} characters of letters, digits and ._:@/+- starting with a letter or digit",
+            "id",
+        )
+    rtype = raw.get("type")
+    if rtype is None:
+        raise _Fail("record-missing-type", "type is required", "type")
+    allowed = tuple(types) if types is not None else None
+    if not isinstance(rtype, str) or (allowed is not None and rtype not in allowed) or not rtype.isidentifier():
+        expected = f"one of {list(allowed)}" if allowed is not None else "a word"
+        raise _Fail("record-invalid-type", f"type must be {expected}, got {rtype!r}", "type")
+    title = _single_line(raw.get("title"), "title", MAX_TITLE, required=True)
+    body = raw.get("body")
+    if body is None:
+        body = ""
+    if not isinstance(body, str):
+        raise _Fail("record-invalid-body", "body must be a string", "body")
+    _utf8(body, "body")
+    if len(body) > MAX_BODY:
+        raise _Fail("record-too-large", f"body is longer than {MAX_BODY} characters", "body")
+    phase = _single_line(raw.get("phase"), "phase", MAX_PHASE, required=False)
+    prov = raw.get("provenance")
+    if prov is not None:
+        if not isinstance(prov, str) or prov.upper() not in PROVENANCES:
+            raise _Fail(
+                "record-invalid-provenance", f"provenance must be one of {list(PROVENANCES)} or null", "provenance"
+            )
+        prov = prov.upper()
+    return {
+        "id": rid,
+        "type": rtype,
+        "phase": phase,
+        "title": title,
+        "body": body,
+        "tags": _tags(raw.get("tags")),
+        "provenance": prov,
+        "created_at": _created_at(raw.get("created_at")),
+    }
+
+
+def check_record(raw: Any, types: Iterable[str] | None) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
+    """``(record, None)`` when valid, else ``(None, {"code", "message", "field"})``."""
+    try:
+        return normalise_record(raw, types), None
+    except _Fail as f:
+        return None, {"code": f.code, "message": f.message, "field": f.field}
+
+
+def validate_batch(raws: list[Any], types: Iterable[str]) -> list[dict[str, Any]]:
+    """Validate every record; raise one :class:`InputError` naming all failures.
+
+    The error's code is the first failure's code; ``details.errors`` lists each
+    failing record's index (0-based), id and field.
+    """
+    types = tuple(types)
+    if len(raws) > MAX_BATCH:
+        raise InputError(f"a batch holds at most {MAX_BATCH} records", code="batch-too-large",
+                         details={"count": len(raws), "limit": MAX_BATCH})
+    out: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    for i, raw in enumerate(raws):
+        rec, err = check_record(raw, types)
+        if err is None:
+            out.append(rec)  # type: ignore[arg-type]
+            continue
+        rid = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
+        errors.append({"index": i, "id": rid, **err})
+    if errors:
+        first = errors[0]
+        where = f"record {first['index']}" + (f" (id {first['id']!r})" if first["id"] else "")
+        raise InputError(
+            f"{where}: {first['message']}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
+            code=first["code"],
+            details={"errors": errors[:100], "error_count": len(errors), "written": 0},
+        )
+    return out

@@ -1,0 +1,100 @@
+"""``memory-stats``: counts, model, timestamps and a consistency report.
+
+It reads files only: no model is loaded, no torch imported, and the HNSW
+graph's element count is read from its file header.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Any
+
+from .errors import RebuildRequired, StoreError
+from .records import SCHEMA_VERSION, content_hash, embed_text
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from .memory import Memory
+
+
+def hnsw_element_count(path: "Path") -> int | None:
+    """``cur_element_count`` from an hnswlib index file header (offsetLevel0, max_elements, count)."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(24)
+    except OSError:
+        return None
+    if len(header) < 24:
+        return None
+    return struct.unpack("<QQQ", header)[2]
+
+
+def collect_stats(mem: "Memory") -> dict[str, Any]:
+    cfg = mem.config
+    scan = mem.scan()
+    problems: list[dict[str, Any]] = []
+    manifest = index = None
+    try:
+        manifest, index = mem.cache.load_current()
+    except StoreError as exc:
+        problems.append({"code": exc.code, "message": exc.message})
+    fingerprint_match = None
+    if manifest is not None:
+        try:
+            err = mem._mismatch(manifest, None)
+        except Exception as exc:  # pragma: no cover - a broken embedder config
+            err = RebuildRequired(str(exc))
+        fingerprint_match = err is None
+        if err is not None:
+            problems.append({"code": err.code, "message": err.message, "details": err.details})
+    live = {r["id"]: r for r in scan.records}
+    keymap_ids = set(index.ids) if index is not None else set()
+    pending = sum(
+        1 for r in scan.records
+        if index is None or r["id"] not in index.label_of
+        or index.hashes[index.label_of[r["id"]]] != content_hash(embed_text(r))
+    )
+    stale = len(keymap_ids - set(live))
+    index_count = None
+    if index is not None and index.hnsw_path is not None:
+        index_count = hnsw_element_count(index.hnsw_path)
+    keymap_count = len(index) if index is not None else 0
+    if index is not None and index_count is not None and index_count != keymap_count:
+        problems.append({"code": "index-keymap-mismatch",
+                         "message": f"index holds {index_count} vectors, keymap {keymap_count}"})
+    if scan.corrupt:
+        problems.append({"code": "records-corrupt-line", "message": f"{len(scan.corrupt)} corrupt line(s) skipped"})
+    embedding = (manifest or {}).get("embedding") or {}
+    return {
+        "count": len(scan.records),
+        "dim": embedding.get("dim") if manifest else mem.embedder.known_dim(),
+        "model": embedding.get("model") or cfg.model if manifest else cfg.model,
+        "provider": embedding.get("provider") or cfg.provider,
+        "configured_model": cfg.model,
+        "schema_version": SCHEMA_VERSION,
+        "alpha": cfg.alpha,
+        "threshold": cfg.threshold,
+        "fusion": cfg.fusion,
+        "created_at": (manifest or {}).get("created_at"),
+        "rebuilt_at": (manifest or {}).get("rebuilt_at"),
+        "updated_at": (manifest or {}).get("updated_at"),
+        "hnsw": (manifest or {}).get("hnsw"),
+        "fingerprint": embedding.get("fingerprint"),
+        "consistency": {
+            "records": len(scan.records),
+            "keymap": keymap_count,
+            "index": index_count if index_count is not None else (0 if manifest and not keymap_count else None),
+            "pending": pending,
+            "stale": stale,
+            "corrupt_lines": scan.corrupt[:50],
+            "corrupt_count": len(scan.corrupt),
+            "duplicate_ids": scan.duplicates[:50],
+            "partial_tail": scan.partial_tail,
+            "fingerprint_match": fingerprint_match,
+            "consistent": not problems and pending == 0 and stale == 0,
+            "problems": problems,
+        },
+        "memory_dir": str(mem.folder),
+        "bytes": scan.size,
+    }

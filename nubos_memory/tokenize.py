@@ -1,0 +1,78 @@
+"""Unicode-aware tokenizer shared by the lexical index, fingerprints and queries.
+
+Rules (stable: changing them changes BM25 scores, so the lexical cache is keyed
+by ``TOKENIZER_VERSION``):
+
+* NFKC-normalise, then take runs of Unicode word characters (``\\w+``).
+* Each run is case-folded.  Identifiers are also split into their parts, so
+  ``workflow_dispatch`` yields ``workflow_dispatch``, ``workflow`` and
+  ``dispatch``, and ``getUserById`` yields ``getuserbyid``, ``get``, ``user``,
+  ``by``, ``id``: agents write code names, and queries rarely spell them whole.
+* English stop words are dropped, so a query of only stop words has no terms.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+TOKENIZER_VERSION = 1
+
+_WORD = re.compile(r"\w+")
+
+STOP_WORDS = frozenset(
+    """
+    a about above after again against all am an and any are as at be because been
+    before being below between both but by can could did do does doing down during
+    each few for from further had has have having he her here hers herself him
+    himself his how i if in into is it its itself just me more most my myself no
+    nor not now of off on once only or other our ours ourselves out over own same
+    she should so some such than that the their theirs them themselves then there
+    these they this those through to too under until up very was we were what when
+    where which while who whom why will with would you your yours yourself
+    yourselves
+    """.split()
+)
+
+
+def _split_case(piece: str) -> list[str]:
+    """Split at lower→Upper, ACRONYM→Word and letter↔digit boundaries (any script)."""
+    parts: list[str] = []
+    start = 0
+    for i in range(1, len(piece)):
+        prev, cur = piece[i - 1], piece[i]
+        nxt = piece[i + 1] if i + 1 < len(piece) else ""
+        if (
+            (prev.islower() and cur.isupper())
+            or (prev.isupper() and cur.isupper() and nxt.islower())
+            or (prev.isdigit() != cur.isdigit())
+        ):
+            parts.append(piece[start:i])
+            start = i
+    parts.append(piece[start:])
+    return parts
+
+
+def _parts(word: str) -> list[str]:
+    """Split an identifier on underscores and case/digit boundaries."""
+    parts: list[str] = []
+    for piece in word.split("_"):
+        if piece:
+            parts.extend(_split_case(piece))
+    return parts
+
+
+def tokenize(text: str) -> list[str]:
+    """Return the lexical terms of ``text`` in order (repeats kept)."""
+    out: list[str] = []
+    for word in _WORD.findall(unicodedata.normalize("NFKC", text)):
+        folded = word.casefold()
+        if folded not in STOP_WORDS:
+            out.append(folded)
+        parts = _parts(word)
+        if len(parts) > 1:
+            for part in parts:
+                p = part.casefold()
+                if p not in STOP_WORDS:
+                    out.append(p)
+    return out

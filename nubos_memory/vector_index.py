@@ -1,0 +1,120 @@
+"""The vector side: stored vectors, their keymap, and the HNSW graph.
+
+Label ``i`` of the HNSW index is row ``i`` of the vector matrix and entry
+``i`` of the keymap.  Cosine scores for fusion are always computed exactly
+from the stored vectors; HNSW only proposes candidates on large memories
+(below ``EXACT_LIMIT`` rows a full numpy scan is exact and fast enough).
+
+Deterministic builds: one thread, a fixed seed, insertion in label order, so
+the same vectors give byte-identical index files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+EXACT_LIMIT = 20_000
+HNSW_SEED = 100
+
+
+@dataclass(frozen=True)
+class HnswParams:
+    m: int = 16
+    ef_construction: int = 200
+    ef_search: int = 100
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"space": "cosine", "M": self.m, "ef_construction": self.ef_construction,
+                "ef_search": self.ef_search, "seed": HNSW_SEED}
+
+
+def build_hnsw(vectors: np.ndarray, params: HnswParams, base: Any = None) -> Any:
+    """A new HNSW index over ``vectors`` (labels 0..n-1), or ``base`` extended by them.
+
+    When extending, ``vectors`` are the new rows only and get the next labels.
+    """
+    import hnswlib
+
+    if base is None:
+        index = hnswlib.Index(space="cosine", dim=int(vectors.shape[1]))
+        index.init_index(max_elements=max(1, len(vectors)), M=params.m,
+                         ef_construction=params.ef_construction, random_seed=HNSW_SEED)
+        start = 0
+    else:
+        index = base
+        start = index.get_current_count()
+        index.resize_index(max(1, start + len(vectors)))
+    index.set_num_threads(1)
+    if len(vectors):
+        index.add_items(vectors, np.arange(start, start + len(vectors)), num_threads=1)
+    return index
+
+
+def load_hnsw(path: Path, dim: int, extra: int = 0) -> Any:
+    """Load an index file, with room for ``extra`` more items."""
+    import hnswlib
+
+    index = hnswlib.Index(space="cosine", dim=dim)
+    index.load_index(str(path), max_elements=0)
+    if extra:
+        index.resize_index(index.get_current_count() + extra)
+    return index
+
+
+class VectorIndex:
+    """Indexed records' vectors, looked up by record id."""
+
+    def __init__(self, ids: list[str], hashes: list[str], vectors: np.ndarray,
+                 hnsw_path: Path | None = None, ef_search: int = 100):
+        self.ids = ids
+        self.hashes = hashes
+        self.vectors = vectors
+        self.label_of = {rid: i for i, rid in enumerate(ids)}
+        self.hnsw_path = hnsw_path
+        self.ef_search = ef_search
+        self._hnsw: Any = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1])
+
+    def hnsw(self) -> Any:
+        if self._hnsw is None and self.hnsw_path is not None:
+            self._hnsw = load_hnsw(self.hnsw_path, self.dim)
+        return self._hnsw
+
+    def top(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Best ``k`` labels by cosine (optionally only among ``allowed`` labels).
+
+        Exact scan when a filter applies or the index is small; HNSW otherwise.
+        """
+        n = len(self)
+        if n == 0 or k <= 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        if allowed is None and n > EXACT_LIMIT and self.hnsw_path is not None:
+            index = self.hnsw()
+            k = min(k, n)
+            index.set_ef(max(self.ef_search, k))
+            labels, dists = index.knn_query(query.reshape(1, -1), k=k, num_threads=1)
+            return labels[0].astype(np.int64), (1.0 - dists[0]).astype(np.float32)
+        rows = np.arange(n) if allowed is None else allowed
+        if len(rows) == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        sims = self.vectors[rows] @ query if allowed is not None else self.vectors @ query
+        k = min(k, len(rows))
+        part = np.argpartition(-sims, k - 1)[:k]
+        order = part[np.lexsort((part, -sims[part]))]
+        return rows[order].astype(np.int64), sims[order].astype(np.float32)
+
+    def cosines(self, labels: np.ndarray, query: np.ndarray) -> np.ndarray:
+        """Exact cosine of the given labels' stored (unit) vectors with ``query``."""
+        if len(labels) == 0:
+            return np.zeros(0, dtype=np.float32)
+        return (self.vectors[labels] @ query).astype(np.float32)

@@ -1,0 +1,96 @@
+"""Shared fixtures: a fresh project per test, the CLI in-process or as a subprocess.
+
+Most tests use the deterministic ``hash`` embedder (instant, no model); tests
+marked ``model`` use the real packaged all-MiniLM-L6-v2.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nubos_memory import cli
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_config(root: Path, **memory) -> None:
+    cfg_path = root / ".nubos-pilot" / "config.json"
+    doc = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    doc.setdefault("memory", {}).update(memory)
+    cfg_path.parent.mkdir(parents=True, exist_ok=True)
+    cfg_path.write_text(json.dumps(doc))
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """An initialised project using the hash embedder."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    code, out, err = run_cli(["memory-init", "--root", str(root)])
+    assert code == 0, err
+    write_config(root, provider="hash", model="hash-256", lock_timeout=2.0)
+    return root
+
+
+class Result:
+    def __init__(self, code: int, out: str, err: str):
+        self.code, self.out, self.err = code, out, err
+
+    def __iter__(self):
+        return iter((self.code, self.json, self.error))
+
+    @property
+    def json(self):
+        return json.loads(self.out) if self.out.strip() else None
+
+    @property
+    def error(self):
+        return json.loads(self.err)["error"] if self.err.strip() else None
+
+
+def run_cli(argv: list[str], stdin: str | None = None) -> Result:
+    """Run the CLI in-process, capturing stdout/stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    old = sys.stdout, sys.stderr, sys.stdin
+    sys.stdout, sys.stderr = out, err
+    fake_in = io.TextIOWrapper(io.BytesIO((stdin or "").encode()), encoding="utf-8")
+    sys.stdin = fake_in
+    try:
+        code = cli.main(argv)
+    finally:
+        sys.stdout, sys.stderr, sys.stdin = old
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def run_sub(argv: list[str], *, cwd: Path | None = None, stdin: str | None = None, env: dict | None = None,
+            timeout: float = 120) -> Result:
+    """Run ``python -m nubos_memory`` as a real subprocess."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "nubos_memory", *argv], cwd=cwd, input=stdin or "",
+                          capture_output=True, text=True, env=full_env, timeout=timeout)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def cli_run():
+    return run_cli
+
+
+def rec(title: str, body: str = "", **kw) -> dict:
+    return {"type": kw.pop("type", "learning"), "title": title, "body": body, **kw}
+
+
+def index_records(root: Path, records: list[dict]) -> Result:
+    return run_cli(["memory-index", "--root", str(root), "--records-file", "-"],
+                   stdin="\n".join(json.dumps(r) for r in records))
+
+
+def query(root: Path, *args: str) -> Result:
+    return run_cli(["memory-query", "--root", str(root), *args])
