@@ -1,0 +1,46 @@
+"""Light verbs never import torch or sentence-transformers (checked in a fresh process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from .conftest import REPO
+
+PROBE = """
+import io, json, sys, contextlib
+from nubos_memory import cli
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    codes = [cli.main(argv) for argv in json.loads(sys.argv[1])]
+heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sentence_transformers', 'transformers'))
+print(json.dumps({"codes": codes, "heavy": heavy}))
+"""
+
+
+def _probe(argvs):
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argvs)], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_init_stats_and_empty_query_stay_light(tmp_path):
+    root = str(tmp_path / "p")
+    (tmp_path / "p").mkdir()
+    # Default config: the real sentence-transformers provider.
+    res = _probe([["memory-init", "--root", root], ["memory-stats", "--root", root],
+                  ["memory-query", "--root", root, "anything"], ["memory-query", "--root", root, "the of"]])
+    assert res["codes"] == [0, 0, 0, 0]
+    assert res["heavy"] == []
+
+
+def test_probe_detects_heavy_imports(tmp_path):
+    """The probe itself can fail: a query over a non-empty store does load the model."""
+    root = tmp_path / "p"
+    root.mkdir()
+    res = _probe([["memory-init", "--root", str(root)],
+                  ["memory-add", "--root", str(root), "--type", "learning", "--title", "t", "--body", "b"]])
+    assert res["codes"] == [0, 0]
+    assert "sentence_transformers" in res["heavy"]

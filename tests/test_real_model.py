@@ -1,0 +1,72 @@
+"""A few tests with the real packaged model, because that is what users run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from nubos_memory import Memory
+from nubos_memory.config import DEFAULT_MODEL
+from nubos_memory.embedders import SentenceTransformerEmbedder
+
+from .conftest import REPO, run_cli
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return SentenceTransformerEmbedder(DEFAULT_MODEL)
+
+
+@pytest.fixture
+def real(tmp_path, embedder):
+    root = tmp_path / "real"
+    root.mkdir()
+    assert run_cli(["memory-init", "--root", str(root)]).code == 0
+    return Memory.open(root, embedder=embedder)
+
+
+def test_semantic_pair_ranks_above_unrelated(embedder):
+    v = embedder.embed(["how do I ship a build?", "the release pipeline is manual via workflow_dispatch",
+                        "bananas are a good source of potassium"])
+    assert v.shape == (3, 384) and v.dtype == np.float32
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    assert v[0] @ v[1] > v[0] @ v[2] + 0.2
+
+
+def test_seed_example_with_default_settings(real):
+    """'how do I ship a build?' finds the release-pipeline record although they share no word."""
+    examples = [json.loads(line) for line in (REPO / "examples/agent-memories.jsonl").read_text().splitlines()]
+    assert len(examples) >= 50
+    real.index(examples)
+    result = real.query("how do I ship a build?", k=5)
+    assert result["degraded"] is None
+    titles = [h["record"]["title"] for h in result["hits"]]
+    assert any("workflow_dispatch" in t for t in titles), titles
+    hit = next(h for h in result["hits"] if "workflow_dispatch" in h["record"]["title"])
+    assert hit["retrieval"] == "vector"
+
+
+def test_rebuild_with_real_vectors_is_deterministic(real):
+    real.index([{"type": "learning", "title": f"note {i}", "body": f"the cache layer {i} uses redis"}
+                for i in range(30)])
+
+    def digests():
+        m = json.loads((real.folder / "manifest.json").read_text())
+        return {k: hashlib.sha256((real.folder / v["name"]).read_bytes()).hexdigest()
+                for k, v in m["files"].items()}
+
+    real.rebuild()
+    first = digests()
+    # Force re-embedding: drop every derived file, rebuild twice.
+    for p in real.folder.iterdir():
+        if p.name.startswith(("index-", "keymap-", "vectors-", "manifest")):
+            p.unlink()
+    assert real.rebuild()["embedded"] == 30
+    second = digests()
+    real.rebuild()
+    assert digests() == second == first
