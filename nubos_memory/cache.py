@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import StoreError
-from .fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, fsync_dir, fsync_file, loads
+from .fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, fsync_dir, fsync_path, loads
 from .records import SCHEMA_VERSION, now_iso
 from .vector_index import HnswParams, VectorIndex, build_hnsw, load_hnsw
 
@@ -185,7 +185,7 @@ class DerivedCache:
                 files = {}
                 for key, path in (("index", index_path), ("keymap", keymap_path), ("vectors", vectors_path)):
                     os.chmod(path, FILE_MODE)
-                    fsync_file(path)
+                    fsync_path(path)
                     files[key] = {"name": path.name, "bytes": path.stat().st_size}
                 fsync_dir(self.folder)
             now = now_iso()

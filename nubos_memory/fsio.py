@@ -30,13 +30,17 @@ loads = orjson.loads
 JSONDecodeError = orjson.JSONDecodeError
 
 
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so a rename or a new file inside it is durable."""
+def fsync_path(path: Path) -> None:
+    """fsync a file written by a library that does not (hnswlib, numpy), or a
+    directory, so a rename or a new file inside it is durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+fsync_dir = fsync_path
 
 
 def ensure_dir(path: Path) -> None:
@@ -66,11 +70,3 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
         raise
     fsync_dir(target.parent)
 
-
-def fsync_file(path: Path) -> None:
-    """fsync a file written by a library that does not do it (hnswlib, numpy)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

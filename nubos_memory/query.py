@@ -96,6 +96,12 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
             if records[p]["id"] in state.extra and p not in cosine:
                 cosine[p] = float(np.dot(state.extra[records[p]["id"]], q))
         out["counts"]["pending"] = int(len(allowed) - len(indexed_pos) - len(extra_pos))
+        if out["counts"]["pending"]:
+            out["warnings"].append({
+                "code": "index-behind",
+                "message": f"{out['counts']['pending']} record(s) have no vector yet and were ranked lexically; "
+                           "later queries index them in batches, or run memory-rebuild now",
+            })
     else:
         out["degraded"] = {"code": state.degraded["code"], "message": state.degraded["message"]}
         if state.degraded.get("details"):

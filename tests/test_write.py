@@ -182,3 +182,18 @@ def test_envelopes(project):
     assert usage.code == 2 and usage.error["code"] == "usage"
     nothing = run_cli([])
     assert nothing.code == 2 and nothing.error["code"] == "usage"
+
+
+def test_real_entry_point_across_processes(project, tmp_path):
+    """The installed entry point (python -m nubos_memory) and bin/np-tools, in separate processes."""
+    from .conftest import REPO, run_sub
+
+    a = run_sub(["memory-add", "--root", str(project), "--type", "handoff", "--title", "handoff for M002",
+                 "--body", "invoice PDF rendering is open"])
+    assert a.code == 0, a.err
+    import subprocess
+
+    proc = subprocess.run([str(REPO / "bin/np-tools"), "memory-query", "--root", str(project), "invoice PDF"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["hits"][0]["id"] == a.json["id"]
