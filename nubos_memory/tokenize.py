@@ -53,8 +53,19 @@ def _split_case(piece: str) -> list[str]:
     return parts
 
 
+def _plain(word: str) -> bool:
+    """True for the common case with nothing to split: one case pattern, letters only or digits only."""
+    if "_" in word:
+        return False
+    if word.isalpha():
+        return word.islower() or word.isupper() or word[1:].islower()
+    return word.isdigit()
+
+
 def _parts(word: str) -> list[str]:
     """Split an identifier on underscores and case/digit boundaries."""
+    if _plain(word):
+        return [word]
     parts: list[str] = []
     for piece in word.split("_"):
         if piece:

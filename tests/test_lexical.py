@@ -66,3 +66,23 @@ def test_bm25_is_positive_for_matches_even_in_tiny_stores():
 
 def test_empty_corpus_scores_nothing():
     assert RankBM25Scorer([]).scores(["x"]).shape == (0,)
+
+
+def test_postings_engine_scores_equal_rank_bm25():
+    from nubos_memory.lexical import PostingsBM25
+
+    texts = ["release pipeline manual workflow_dispatch", "release notes for the release", "jwt signing keys jose",
+             "pnpm lockfile drift breaks the pipeline cache", "unrelated words", "",
+             "Größe café 東京タワー release"]
+    docs = [tokenize(t) for t in texts]
+    reference = RankBM25Scorer(docs)
+    engine = PostingsBM25()
+    engine.add(docs[:3])
+    engine.add(docs[3:])
+    terms, arrays = engine.arrays()
+    reloaded = PostingsBM25.from_arrays(terms, arrays)
+    for query in (["release"], ["pipeline", "release", "cache"], ["jwt", "jwt"], ["absent"], ["café", "release"]):
+        expected = reference.scores(query)
+        assert engine.scores(query) == pytest.approx(expected, abs=1e-9)
+        assert reloaded.scores(query) == pytest.approx(expected, abs=1e-9)
+        assert engine.upper_bound(query) == pytest.approx(reference.upper_bound(query))
