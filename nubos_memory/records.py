@@ -111,9 +111,9 @@ def _tags(value: Any) -> list[str]:
     return out
 
 
-def _created_at(value: Any) -> str:
+def _created_at(value: Any, stored: bool) -> str | None:
     if value is None:
-        return now_iso()
+        return None if stored else now_iso()
     if not isinstance(value, str) or len(value) > 64:
         raise _Fail("record-invalid-created-at", "created_at must be an ISO-8601 string", "created_at")
     try:
@@ -128,8 +128,10 @@ def _created_at(value: Any) -> str:
 def normalise_record(raw: Any, types: Iterable[str] | None) -> dict[str, Any]:
     """Validate one record and return it in canonical form (field order of the spec).
 
-    ``types=None`` accepts any type word (used when reading the log, so a
-    project that removes a custom type still sees its old records).
+    ``types=None`` means the record is being *read* from the log: any type
+    word is accepted (a project that removes a custom type still sees its old
+    records) and nothing is invented (a missing ``created_at`` stays null, so
+    reading the same line twice gives the same record).
     """
     if not isinstance(raw, dict):
         raise _Fail("record-not-object", "a record must be a JSON object", "record")
@@ -177,7 +179,7 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> dict[str, Any]:
         "body": body,
         "tags": _tags(raw.get("tags")),
         "provenance": prov,
-        "created_at": _created_at(raw.get("created_at")),
+        "created_at": _created_at(raw.get("created_at"), stored=types is None),
     }
 
 
