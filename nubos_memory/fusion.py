@@ -8,7 +8,7 @@
 
 Both scores are exact for every candidate: a record outside one side's
 top-N still gets its real BM25 score and its real cosine.  ``norm`` divides
-by ``max(best, β·U(q))`` where ``U(q) = Σ idf·(k1+1)`` is the most any
+by ``max(best, β·U(q))`` (β = 0.75) where ``U(q) = Σ idf·(k1+1)`` is the most any
 document could score for the query: a strong best match maps to 1.0, a weak
 best match stays well below it (see adr/0002 for the SciFact numbers).
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RRF_K = 60
-NORM_BETA = 0.5
+NORM_BETA = 0.75
 
 
 def bm25_normaliser(best: float, upper_bound: float, beta: float = NORM_BETA) -> float:
