@@ -21,9 +21,11 @@ from .errors import (
     DisabledError, EmbeddingError, InputError, NubosMemoryError, RebuildRequired, StoreError, UsageError,
 )
 from .fsio import DIR_MODE, atomic_write_bytes, dumps, ensure_dir
+from .lexcache import LexicalCache
 from .lock import WriteLock
 from .recordlog import LogScan, RecordLog
-from .records import SCHEMA_VERSION, content_hash, embed_text, validate_batch
+from .records import SCHEMA_VERSION, embed_text, validate_batch
+from .snapshot import Snapshot
 from .vector_index import HnswParams, VectorIndex
 
 RECORDS = "records.jsonl"
@@ -49,24 +51,17 @@ def _degraded(exc: NubosMemoryError) -> dict[str, Any]:
 
 @dataclass
 class VectorState:
-    """The vector layer as one operation sees it."""
+    """The vector layer as one operation sees it, by record position in the log."""
 
     index: VectorIndex | None = None
     manifest: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # id -> vector embedded but not persisted
+    labels: Any = None  # np.ndarray: position -> label in ``index``, -1 when it has no vector there
+    extra: dict[int, Any] = field(default_factory=dict)  # position -> vector embedded, not persisted
     degraded: dict[str, Any] | None = None
     indexed: int = 0
 
-    def has_vector(self, record: dict[str, Any]) -> bool:
-        return self.vector_label(record) is not None or record["id"] in self.extra
-
-    def vector_label(self, record: dict[str, Any]) -> int | None:
-        if self.index is None:
-            return None
-        label = self.index.label_of.get(record["id"])
-        if label is None or self.index.hashes[label] != content_hash(embed_text(record)):
-            return None
-        return label
+    def has_vector(self, pos: int) -> bool:
+        return (self.labels is not None and pos < len(self.labels) and self.labels[pos] >= 0) or pos in self.extra
 
 
 class Memory:
@@ -79,6 +74,7 @@ class Memory:
         self.log = RecordLog(self.folder / RECORDS)
         self.cache = DerivedCache(self.folder)
         self.lock = WriteLock(self.folder, self.config.lock_timeout)
+        self.snap = Snapshot(self.log, self.cache, LexicalCache(self.folder, self.folder / RECORDS))
         self._embedder = embedder
         self.params = HnswParams(self.config.hnsw_m, self.config.hnsw_ef_construction, self.config.hnsw_ef_search)
 
@@ -128,31 +124,37 @@ class Memory:
         spec = self.embedder.spec(self.embedder.dim)
         return {**spec, "fingerprint": fingerprint_of(spec)}
 
-    def _sync_vectors(self, records: list[dict[str, Any]], *, must: Iterable[str] = (), cap: int,
+    def _sync_vectors(self, positions: Any = None, *, must: Iterable[int] = (), cap: int,
                       blocking: bool, verb: str) -> VectorState:
-        """Load the vector layer and embed+index records it lacks.
+        """Load the vector layer and embed+index the records (positions; None = all) it lacks.
 
-        ``must`` ids are always embedded (the records a write just added);
-        other missing records up to ``cap``.  Failures come back as
+        ``must`` positions are always embedded (the records a write just
+        added); other missing records up to ``cap``.  Failures come back as
         ``degraded``, never as exceptions: the records are already safe.
         """
+        import numpy as np
+
         state = VectorState()
+        snap = self.snap
         try:
-            state.manifest, state.index = self.cache.load_current()
+            state.manifest, state.index, state.labels = snap.vectors()
             if state.manifest is not None:
                 err = self._mismatch(state.manifest, None)
                 if err:
                     raise err
+            labels = state.labels
+            cand = np.arange(len(labels)) if positions is None else np.asarray(positions, dtype=np.int64)
+            missing = cand[labels[cand] < 0].tolist() if len(cand) else []
             must = set(must)
-            missing = [r for r in records if not state.has_vector(r)]
-            todo = [r for r in missing if r["id"] in must] + [r for r in missing if r["id"] not in must][:cap]
+            todo = [p for p in missing if p in must] + [p for p in missing if p not in must][:cap]
             if todo:
-                vectors = self._embed([embed_text(r) for r in todo])
+                records = snap.scan.records  # type: ignore[union-attr]
+                vectors = self._embed([embed_text(records[p]) for p in todo])
                 if state.manifest is not None:
                     err = self._mismatch(state.manifest, self.embedder.dim)
                     if err:
                         raise err
-                state.extra = {r["id"]: v for r, v in zip(todo, vectors)}
+                state.extra = dict(zip(todo, vectors))
                 self._persist(state, todo, blocking=blocking, verb=verb)
         except (StoreError, EmbeddingError, RebuildRequired) as exc:
             state.degraded = _degraded(exc)
@@ -172,49 +174,48 @@ class Memory:
                 progress(min(start + EMBED_BATCH, len(texts)), len(texts))
         return np.concatenate(out) if out else np.zeros((0, self.embedder.dim), dtype=np.float32)
 
-    def _persist(self, state: VectorState, todo: list[dict[str, Any]], *, blocking: bool, verb: str) -> None:
+    def _persist(self, state: VectorState, todo: list[int], *, blocking: bool, verb: str) -> None:
         """Commit newly embedded vectors as a new generation (under the lock)."""
         import numpy as np
 
+        snap = self.snap
         hold = self.lock.hold(verb) if blocking else self.lock.try_hold(verb)
         with hold as got:
             if got is False:
                 return  # another writer is busy; this query uses its vectors in memory only
-            manifest, current = self.cache.load_current()
+            manifest, current, _ = snap.vectors()  # the generation as it is now, under the lock
             if manifest is not None:
                 err = self._mismatch(manifest, self.embedder.dim)
                 if err:
                     raise err
+            records = snap.scan.records  # type: ignore[union-attr]
             ids = list(current.ids) if current else []
             hashes = list(current.hashes) if current else []
             label_of = current.label_of if current else {}
             base_vecs = np.array(current.vectors, dtype=np.float32) if current and len(current) else None
             rewrite = False
             new_ids, new_hashes, new_vecs = [], [], []
-            for r in todo:
-                h = content_hash(embed_text(r))
-                label = label_of.get(r["id"])
+            for pos in todo:
+                rid, h = records[pos]["id"], snap.hashes[pos]
+                label = label_of.get(rid)
                 if label is None:
-                    new_ids.append(r["id"])
+                    new_ids.append(rid)
                     new_hashes.append(h)
-                    new_vecs.append(state.extra[r["id"]])
+                    new_vecs.append(state.extra[pos])
                 elif hashes[label] != h:  # the record's text changed (a hand edit): replace its vector
                     rewrite = True
                     hashes[label] = h
-                    base_vecs[label] = state.extra[r["id"]]  # type: ignore[index]
-            if not new_ids and not rewrite:
-                state.manifest, state.index = manifest, current
-                return
-            parts = ([base_vecs] if base_vecs is not None else []) + ([np.stack(new_vecs)] if new_vecs else [])
-            all_vecs = np.concatenate(parts)
-            state.manifest = self.cache.commit(
-                ids=ids + new_ids, hashes=hashes + new_hashes, vectors=all_vecs,
-                embedding=self._our_embedding(), params=self.params, alpha=self.config.alpha,
-                previous=manifest, base=None if rewrite else current,
-            )
-            state.indexed = len(new_ids)
-            state.manifest, state.index = self.cache.load_current()
-            state.extra = {k: v for k, v in state.extra.items() if state.index is None or k not in state.index.label_of}
+                    base_vecs[label] = state.extra[pos]  # type: ignore[index]
+            if new_ids or rewrite:
+                parts = ([base_vecs] if base_vecs is not None else []) + ([np.stack(new_vecs)] if new_vecs else [])
+                self.cache.commit(
+                    ids=ids + new_ids, hashes=hashes + new_hashes, vectors=np.concatenate(parts),
+                    embedding=self._our_embedding(), params=self.params, alpha=self.config.alpha,
+                    previous=manifest, base=None if rewrite else current,
+                )
+                state.indexed = len(new_ids)
+            state.manifest, state.index, state.labels = snap.vectors()
+            state.extra = {p: v for p, v in state.extra.items() if state.labels[p] < 0}
 
     # -- verbs -----------------------------------------------------------------------
     def init(self) -> dict[str, Any]:
@@ -258,19 +259,23 @@ class Memory:
         self._prepare_folder()
         with self.lock.hold(verb):
             recovered = self.log.recover_tail()
-            scan = self.log.scan()
-            seen = scan.ids()
-            new, skipped = [], []
+            scan = self.snap.refresh()
+            before = len(scan.records)
+            seen = scan.position
+            new, skipped, batch_ids = [], [], set()
             for r in records:
-                if r["id"] in seen:
+                if r["id"] in seen or r["id"] in batch_ids:
                     skipped.append(r["id"])
                 else:
-                    seen.add(r["id"])
+                    batch_ids.add(r["id"])
                     new.append(r)
             self.log.append(new)
-        state = self._sync_vectors(scan.records + new, must=[r["id"] for r in new],
-                                   cap=self.config.max_pending_embed, blocking=True, verb=verb)
-        pending = sum(1 for r in scan.records + new if not state.has_vector(r)) if state.degraded is None else None
+            scan = self.snap.refresh()
+            self._save_lexical()
+        must = range(before, len(scan.records))
+        state = self._sync_vectors(None, must=must, cap=self.config.max_pending_embed, blocking=True, verb=verb)
+        pending = (sum(1 for p in range(len(scan.records)) if not state.has_vector(p))
+                   if state.degraded is None else None)
         return {
             "added": len(new),
             "skipped": len(skipped),
@@ -282,6 +287,13 @@ class Memory:
             "recovered": recovered,
             "warnings": scan.warnings(),
         }
+
+    def _save_lexical(self) -> None:
+        """Under the lock: persist the lexical index; a failure only costs speed."""
+        try:
+            self.snap.save_lexical()
+        except OSError:
+            pass
 
     def query(
         self,
@@ -327,7 +339,9 @@ class Memory:
 
         self._require_enabled()
         self._prepare_folder()
-        scan = self.log.scan()
+        scan = self.snap.refresh()
+        count = len(scan.records)
+        hashes = self.snap.hashes[:count]
         ours = self._our_embedding()
         reuse: dict[str, Any] = {}
         try:
@@ -338,17 +352,21 @@ class Memory:
             "fingerprint"
         ]:
             reuse = {h: i for i, h in enumerate(current.hashes)}
-        hashes = [content_hash(embed_text(r)) for r in scan.records]
         todo: dict[str, str] = {}
         for r, h in zip(scan.records, hashes):
             if h not in reuse and h not in todo:
                 todo[h] = embed_text(r)
         fresh = self._embed(list(todo.values()), progress)
         fresh_of = {h: i for i, h in enumerate(todo)}
-        dim = self.embedder.dim
-        vectors = np.zeros((len(scan.records), dim), dtype=np.float32)
-        for row, h in enumerate(hashes):
-            vectors[row] = fresh[fresh_of[h]] if h in fresh_of else current.vectors[reuse[h]]  # type: ignore[union-attr]
+        vectors = np.zeros((count, self.embedder.dim), dtype=np.float32)
+        rows_fresh = [(row, fresh_of[h]) for row, h in enumerate(hashes) if h in fresh_of]
+        rows_reused = [(row, reuse[h]) for row, h in enumerate(hashes) if h not in fresh_of]
+        if rows_fresh:
+            dst, src = zip(*rows_fresh)
+            vectors[list(dst)] = fresh[list(src)]
+        if rows_reused:
+            dst, src = zip(*rows_reused)
+            vectors[list(dst)] = current.vectors[list(src)]  # type: ignore[union-attr]
         with self.lock.hold("memory-rebuild"):
             try:
                 previous = self.cache.read_manifest()
@@ -358,11 +376,16 @@ class Memory:
                 ids=[r["id"] for r in scan.records], hashes=hashes, vectors=vectors, embedding=ours,
                 params=self.params, alpha=self.config.alpha, previous=previous, base=None, rebuilt=True,
             )
+            self.snap.lexical = None  # rebuild the lexical index from scratch too
+            self.snap.lexical_saved = 0
+            self.snap.lexcache.invalidate()
+            self.snap.refresh()
+            self._save_lexical()
         return {
             "rebuilt": True,
-            "count": len(scan.records),
+            "count": count,
             "embedded": len(todo),
-            "reused": len(scan.records) - sum(1 for h in hashes if h in fresh_of),
+            "reused": len(rows_reused),
             "model": ours["model"],
             "dim": ours["dim"],
             "fingerprint": ours["fingerprint"],
@@ -379,8 +402,8 @@ class Memory:
         return collect_stats(self)
 
     def scan(self) -> LogScan:
-        """Read ``records.jsonl`` (tolerating damage; see ``recordlog.py``)."""
-        return self.log.scan()
+        """Read ``records.jsonl`` (tolerating damage; see ``recordlog.py``), incrementally."""
+        return self.snap.refresh()
 
 
 __all__ = ["Memory", "VectorState", "RECORDS", "MEMORY_DIR", "SCHEMA_VERSION"]

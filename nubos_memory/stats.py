@@ -10,7 +10,7 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 from .errors import RebuildRequired, StoreError
-from .records import SCHEMA_VERSION, content_hash, embed_text
+from .records import SCHEMA_VERSION
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -34,9 +34,9 @@ def collect_stats(mem: "Memory") -> dict[str, Any]:
     cfg = mem.config
     scan = mem.scan()
     problems: list[dict[str, Any]] = []
-    manifest = index = None
+    manifest = index = labels = None
     try:
-        manifest, index = mem.cache.load_current()
+        manifest, index, labels = mem.snap.vectors()
     except StoreError as exc:
         problems.append({"code": exc.code, "message": exc.message})
     fingerprint_match = None
@@ -50,11 +50,7 @@ def collect_stats(mem: "Memory") -> dict[str, Any]:
             problems.append({"code": err.code, "message": err.message, "details": err.details})
     live = {r["id"]: r for r in scan.records}
     keymap_ids = set(index.ids) if index is not None else set()
-    pending = sum(
-        1 for r in scan.records
-        if index is None or r["id"] not in index.label_of
-        or index.hashes[index.label_of[r["id"]]] != content_hash(embed_text(r))
-    )
+    pending = len(scan.records) if labels is None else int((labels < 0).sum())
     stale = len(keymap_ids - set(live))
     index_count = None
     if index is not None and index.hnsw_path is not None:

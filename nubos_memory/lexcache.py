@@ -1,0 +1,81 @@
+"""The persisted lexical index: ``lexical.json`` + ``lexical-<gen>.npz`` (derived, no pickle).
+
+It covers the records parsed from the first ``offset`` bytes of ``records.jsonl``
+and is trusted only if the sha256 of those bytes still matches, so any edit to
+the log (other than an append) invalidates it.  Records appended after it was
+saved are tokenised on load and added in memory; writers save it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import secrets
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .fsio import JSONDecodeError, atomic_write_bytes, dumps, loads
+from .lexical import PostingsBM25
+from .tokenize import TOKENIZER_VERSION
+
+MANIFEST = "lexical.json"
+FORMAT = 1
+
+
+def prefix_sha256(path: Path, offset: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        remaining = offset
+        while remaining > 0:
+            block = f.read(min(1 << 22, remaining))
+            if not block:
+                break
+            h.update(block)
+            remaining -= len(block)
+    return h.hexdigest()
+
+
+class LexicalCache:
+    def __init__(self, folder: Path, log_path: Path):
+        self.folder = folder
+        self.log_path = log_path
+
+    def load(self, max_records: int) -> tuple[PostingsBM25, int] | None:
+        """The saved engine and the log offset it covers, if still valid; else None."""
+        try:
+            meta = loads((self.folder / MANIFEST).read_bytes())
+            if meta.get("format") != FORMAT or meta.get("tokenizer") != TOKENIZER_VERSION:
+                return None
+            count, offset = int(meta["count"]), int(meta["offset"])
+            if count > max_records or prefix_sha256(self.log_path, offset) != meta["sha256"]:
+                return None
+            name = Path(str(meta["file"])).name
+            with np.load(self.folder / name, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in ("indptr", "docs", "tfs", "df", "doc_len")}
+                vocab = bytes(z["vocab"]).decode("utf-8")
+            terms = vocab.split("\n") if vocab else []
+            if len(arrays["doc_len"]) != count or len(terms) != len(arrays["df"]):
+                return None
+            return PostingsBM25.from_arrays(terms, arrays), offset
+        except (OSError, ValueError, KeyError, TypeError, JSONDecodeError):
+            return None  # a derived cache: anything wrong means "rebuild it"
+
+    def invalidate(self) -> None:
+        """Forget the saved index (``memory-rebuild`` re-derives it from scratch)."""
+        (self.folder / MANIFEST).unlink(missing_ok=True)
+
+    def save(self, engine: PostingsBM25, offset: int) -> None:
+        """Under the write lock: persist ``engine``, which covers the log up to ``offset``."""
+        terms, arrays = engine.arrays()
+        buf = io.BytesIO()
+        np.savez(buf, vocab=np.frombuffer("\n".join(terms).encode("utf-8"), dtype=np.uint8), **arrays)
+        name = f"lexical-{int(time.time() * 1000):x}-{secrets.token_hex(3)}.npz"
+        atomic_write_bytes(self.folder / name, buf.getvalue())
+        meta = {"format": FORMAT, "tokenizer": TOKENIZER_VERSION, "count": engine.size, "offset": offset,
+                "sha256": prefix_sha256(self.log_path, offset), "file": name}
+        atomic_write_bytes(self.folder / MANIFEST, dumps(meta, pretty=True))
+        for old in self.folder.glob("lexical-*.npz"):
+            if old.name != name:
+                old.unlink(missing_ok=True)

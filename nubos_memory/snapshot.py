@@ -1,0 +1,123 @@
+"""A memory's state held in memory between calls, refreshed incrementally.
+
+A one-shot CLI process builds it once; a long-lived process (``memory-serve``,
+an MCP server, a library user) keeps it warm: each call only stats the log,
+parses appended lines, tokenises and hashes new records, and reloads the
+vector generation when ``manifest.json`` names a new one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .cache import DerivedCache
+from .lexcache import LexicalCache
+from .lexical import PostingsBM25
+from .recordlog import LogScan, RecordLog
+from .records import content_hash, embed_text, lexical_text
+from .tokenize import tokenize
+from .vector_index import VectorIndex
+
+
+class Snapshot:
+    """Per-record derived data aligned with ``scan.records`` positions."""
+
+    def __init__(self, log: RecordLog, cache: DerivedCache, lexcache: LexicalCache):
+        self.log = log
+        self.cache = cache
+        self.lexcache = lexcache
+        self.scan: LogScan | None = None
+        self._reset()
+        self._vec_key: Any = None
+        self.manifest: dict[str, Any] | None = None
+        self.index: VectorIndex | None = None
+
+    def _reset(self) -> None:
+        self.hashes: list[str] = []
+        self.lexical: PostingsBM25 | None = None
+        self.lexical_saved = 0  # records covered by the persisted lexical cache
+        self.types: list[str] = []
+        self.phases: list[str | None] = []
+        self.tag_positions: dict[str, list[int]] = {}
+        self.labels = np.zeros(0, dtype=np.int64)
+
+    def refresh(self) -> LogScan:
+        """Re-read what changed in ``records.jsonl`` and extend per-record data."""
+        scan = self.log.refresh(self.scan)
+        if scan is not self.scan:
+            self._reset()
+            self._vec_key = None
+        self.scan = scan
+        for pos in range(len(self.hashes), len(scan.records)):
+            rec = scan.records[pos]
+            self.hashes.append(content_hash(embed_text(rec)))
+            self.types.append(rec["type"])
+            self.phases.append(rec.get("phase"))
+            for tag in rec.get("tags") or ():
+                self.tag_positions.setdefault(tag, []).append(pos)
+        return scan
+
+    # -- lexical -------------------------------------------------------------------
+    def lexical_engine(self) -> PostingsBM25:
+        """BM25 over every record, from the persisted cache plus whatever was appended since."""
+        scan = self.scan
+        assert scan is not None
+        if self.lexical is None:
+            loaded = self.lexcache.load(len(scan.records))
+            self.lexical, self.lexical_saved = (loaded[0], loaded[0].size) if loaded else (PostingsBM25(), 0)
+        engine = self.lexical
+        if engine.size < len(scan.records):
+            engine.add([tokenize(lexical_text(r)) for r in scan.records[engine.size:]])
+        return engine
+
+    def save_lexical(self) -> None:
+        """Under the write lock: persist the lexical index if it covers more than the saved one."""
+        engine = self.lexical_engine()
+        if self.scan is not None and engine.size > self.lexical_saved and engine.size == len(self.scan.records):
+            self.lexcache.save(engine, self.scan.offset)
+            self.lexical_saved = engine.size
+
+    # -- filters -------------------------------------------------------------------
+    def allowed(self, type_: str | None, phase: str | None, tags: list[str]) -> np.ndarray | None:
+        """Positions passing the filters, or None when there are no filters."""
+        if type_ is None and phase is None and not tags:
+            return None
+        n = len(self.types)
+        mask = np.ones(n, dtype=bool)
+        if type_ is not None:
+            mask &= np.fromiter((t == type_ for t in self.types), dtype=bool, count=n)
+        if phase is not None:
+            mask &= np.fromiter((p == phase for p in self.phases), dtype=bool, count=n)
+        if tags:
+            tagged = np.zeros(n, dtype=bool)
+            for tag in tags:
+                tagged[self.tag_positions.get(tag, [])] = True
+            mask &= tagged
+        return np.flatnonzero(mask)
+
+    # -- vectors -------------------------------------------------------------------
+    def vectors(self) -> tuple[dict[str, Any] | None, VectorIndex | None, np.ndarray]:
+        """The current vector generation and each record's label in it (-1: no vector).
+
+        Raises the StoreError of a damaged derived file.
+        """
+        manifest = self.cache.read_manifest()
+        key = None if manifest is None else manifest.get("generation")
+        if key != self._vec_key or (manifest is not None and self.index is None):
+            self.manifest, self.index = self.cache.load_current()
+            self._vec_key = None if self.manifest is None else self.manifest.get("generation")
+            self.labels = np.zeros(0, dtype=np.int64)
+        n = len(self.hashes)
+        if len(self.labels) < n:
+            index = self.index
+            extra = np.full(n - len(self.labels), -1, dtype=np.int64)
+            if index is not None:
+                ids = self.scan.records if self.scan else []
+                for i, pos in enumerate(range(len(self.labels), n)):
+                    label = index.label_of.get(ids[pos]["id"])
+                    if label is not None and index.hashes[label] == self.hashes[pos]:
+                        extra[i] = label
+            self.labels = np.concatenate([self.labels, extra])
+        return self.manifest, self.index, self.labels
