@@ -117,7 +117,7 @@ def _query(args: argparse.Namespace) -> Any:
         raise UsageError("give the query as --text or positionally, not both")
     text = args.text if args.text is not None else (" ".join(args.positional) if args.positional else None)
     return _memory(args).query(text, k=args.k, type=args.type, phase=args.phase, tags=_tags(args.tags),
-                               alpha=args.alpha, fusion=args.fusion, explain=args.explain)
+                               alpha=args.alpha, fusion=args.fusion, explain=args.explain, mode=args.mode)
 
 
 @_verb("memory-rebuild", "rebuild the index, keymap and manifest from records.jsonl")
@@ -133,6 +133,24 @@ def _rebuild(args: argparse.Namespace) -> Any:
                 sys.stderr.write("\n")
             sys.stderr.flush()
     return mem.rebuild(progress)
+
+
+@_verb("memory-eval", "measure retrieval quality and latency on a BEIR dataset (scratch memory)")
+def _eval(args: argparse.Namespace) -> Any:
+    from .config import load_project
+    from .evaluate import MODES, evaluate
+
+    progress = None
+    if sys.stderr.isatty():
+        def progress(stage: str, done: int, total: int) -> None:
+            sys.stderr.write(f"\r{stage:8s} {done}/{total}")
+            if done >= total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+    modes = MODES if args.mode == "all" else (args.mode,)
+    config = load_project(args.root).config.to_dict()
+    return evaluate(config, Path(args.beir), split=args.split, modes=modes, k=args.k, alpha=args.alpha,
+                    max_queries=args.max_queries, cache=not args.no_cache, progress=progress)
 
 
 @_verb("memory-stats", "counts, model, timestamps and consistency of the memory")
@@ -171,6 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--alpha", type=float, help="lexical weight in [0, 1] (default from config)")
             p.add_argument("--fusion", choices=("alpha", "rrf"))
             p.add_argument("--explain", action="store_true", help="show each hit's score parts")
+            p.add_argument("--mode", choices=("hybrid", "lexical", "vector"), default="hybrid",
+                           help="rank by both signals (default) or by one only; lexical never loads the model")
+        elif name == "memory-eval":
+            p.add_argument("--beir", required=True, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv")
+            p.add_argument("--split", default="test")
+            p.add_argument("--mode", choices=("lexical", "vector", "hybrid", "rrf", "all"), default="all")
+            p.add_argument("--k", type=int, default=10)
+            p.add_argument("--alpha", type=float)
+            p.add_argument("--max-queries", type=int, help="evaluate only the first N judged queries")
+            p.add_argument("--no-cache", action="store_true", help="do not reuse or store dataset embeddings")
     return parser
 
 

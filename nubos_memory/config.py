@@ -35,7 +35,7 @@ class MemoryConfig:
     provider: str = "local"
     model: str = DEFAULT_MODEL
     alpha: float = 0.6
-    threshold: float = 0.3
+    threshold: float = 0.25
     fusion: str = "alpha"
     candidates: int = 100
     types: tuple[str, ...] = ()

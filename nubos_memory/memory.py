@@ -306,9 +306,10 @@ class Memory:
         alpha: float | None = None,
         fusion: str | None = None,
         explain: bool = False,
+        mode: str = "hybrid",
     ) -> dict[str, Any]:
         """Hybrid search (``memory-query``); see ``fusion.py`` for the scoring."""
-        from .query import run_query
+        from .query import MODES, run_query
 
         self._require_enabled()
         if text is None:
@@ -326,8 +327,10 @@ class Memory:
         fusion = fusion or self.config.fusion
         if fusion not in ("alpha", "rrf"):
             raise InputError("fusion must be 'alpha' or 'rrf'", code="query-invalid-fusion", details={"fusion": fusion})
+        if mode not in MODES:
+            raise InputError(f"mode must be one of {list(MODES)}", code="query-invalid-mode", details={"mode": mode})
         return run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
-                         fusion=fusion, explain=explain)
+                         fusion=fusion, explain=explain, mode=mode)
 
     def rebuild(self, progress: Progress | None = None) -> dict[str, Any]:
         """Rebuild every derived file from ``records.jsonl`` (``memory-rebuild``).
