@@ -17,6 +17,7 @@ from .errors import DisabledError, InputError, NubosMemoryError, UsageError
 from .fsio import dumps
 
 VERBS: dict[str, Callable[[argparse.Namespace], Any]] = {}
+MAX_STDIN = 256 << 20
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,14 +36,37 @@ def _verb(name: str, help_text: str) -> Callable[[Callable[..., Any]], Callable[
     return register
 
 
-def _memory(args: argparse.Namespace):
+def _open_memory(root: str | None):
     from .memory import Memory
 
-    return Memory.open(args.root)
+    return Memory.open(root)
+
+
+# memory-serve swaps this for a factory that returns its warm Memory.
+MEMORY_FACTORY: Callable[[str | None], Any] = _open_memory
+
+
+def _memory(args: argparse.Namespace):
+    return MEMORY_FACTORY(args.root)
 
 
 def _tags(value: str | None) -> list[str]:
     return [t.strip() for t in value.split(",") if t.strip()] if value else []
+
+
+def read_stdin(args: argparse.Namespace) -> str | None:
+    """Standard input as text, read once (the server gets it in the request), or None for a terminal."""
+    if getattr(args, "stdin_text", None) is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            return None
+        raw = sys.stdin.buffer.read(MAX_STDIN + 1)
+        if len(raw) > MAX_STDIN:
+            raise InputError("standard input is larger than 256 MiB", code="stdin-too-large")
+        try:
+            args.stdin_text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError("standard input is not UTF-8 text", code="stdin-unreadable") from None
+    return args.stdin_text
 
 
 def _read_text_file(path: str, what: str, limit: int) -> str:
@@ -80,10 +104,8 @@ def _add(args: argparse.Namespace) -> Any:
         body = args.body
     elif args.body_file is not None:
         body = _read_text_file(args.body_file, "body-file", MAX_BODY)
-    elif not sys.stdin.isatty():
-        body = _read_text_file("-", "body-file", MAX_BODY)
     else:
-        body = ""
+        body = read_stdin(args) or ""
     record = {"type": args.type, "title": args.title, "body": body, "tags": _tags(args.tags),
               "phase": args.phase, "provenance": args.provenance}
     if args.id is not None:
@@ -102,7 +124,7 @@ def _index(args: argparse.Namespace) -> Any:
     path = args.records_file
     try:
         if path == "-":
-            data = sys.stdin.buffer.read(MAX_BATCH_BYTES + 1)
+            data = (read_stdin(args) or "").encode("utf-8", "surrogateescape")[: MAX_BATCH_BYTES + 1]
         else:
             data = Path(path).read_bytes()
     except OSError as exc:
@@ -153,6 +175,13 @@ def _eval(args: argparse.Namespace) -> Any:
                     max_queries=args.max_queries, cache=not args.no_cache, progress=progress)
 
 
+@_verb("memory-serve", "keep this memory warm and answer the other verbs over a Unix socket")
+def _serve(args: argparse.Namespace) -> Any:
+    from .server import run
+
+    return run(args.root, args.idle_timeout)
+
+
 @_verb("memory-stats", "counts, model, timestamps and consistency of the memory")
 def _stats(args: argparse.Namespace) -> Any:
     return _memory(args).stats()
@@ -191,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--explain", action="store_true", help="show each hit's score parts")
             p.add_argument("--mode", choices=("hybrid", "lexical", "vector"), default="hybrid",
                            help="rank by both signals (default) or by one only; lexical never loads the model")
+        elif name == "memory-serve":
+            p.add_argument("--idle-timeout", type=float, default=0.0,
+                           help="stop after this many seconds without a request (default: never)")
         elif name == "memory-eval":
             p.add_argument("--beir", required=True, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv")
             p.add_argument("--split", default="test")
@@ -207,38 +239,74 @@ def _emit(stream: Any, doc: Any) -> None:
     stream.flush()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one verb; return the process exit code."""
-    parser = build_parser()
-    args = None
+def execute(args: argparse.Namespace) -> tuple[int, str, Any]:
+    """Run a parsed verb: ``(exit code, "stdout" or "stderr", JSON document)``."""
     try:
-        args = parser.parse_args(argv)
         if not args.verb:
             raise UsageError("a verb is required", details={"verbs": sorted(VERBS)})
-        result = VERBS[args.verb](args)
+        return 0, "stdout", VERBS[args.verb](args)
     except DisabledError as exc:
-        if args is not None and getattr(args, "skip_if_disabled", False):
-            _emit(sys.stdout, {"skipped": True, "reason": "memory-disabled"})
-            return 0
-        _emit(sys.stderr, {"error": exc.to_dict()})
-        return exc.exit_code
+        if getattr(args, "skip_if_disabled", False):
+            return 0, "stdout", {"skipped": True, "reason": "memory-disabled"}
+        return exc.exit_code, "stderr", {"error": exc.to_dict()}
     except NubosMemoryError as exc:
-        _emit(sys.stderr, {"error": exc.to_dict()})
-        return exc.exit_code
+        return exc.exit_code, "stderr", {"error": exc.to_dict()}
     except OSError as exc:  # an I/O failure outside the library's own handling
-        _emit(sys.stderr, {"error": {"code": "io-error", "message": str(exc), "details": {}}})
-        return 74
+        return 74, "stderr", {"error": {"code": "io-error", "message": str(exc), "details": {}}}
     except KeyboardInterrupt:
-        _emit(sys.stderr, {"error": {"code": "interrupted", "message": "interrupted", "details": {}}})
-        return 130
+        return 130, "stderr", {"error": {"code": "interrupted", "message": "interrupted", "details": {}}}
     except Exception as exc:  # a bug: still one JSON error, never a bare traceback
         if os.environ.get("NUBOS_MEMORY_DEBUG"):
             raise
-        _emit(sys.stderr, {"error": {"code": "internal-error", "message": f"{type(exc).__name__}: {exc}",
-                                     "details": {"hint": "set NUBOS_MEMORY_DEBUG=1 for a traceback"}}})
-        return 70
-    _emit(sys.stdout, result)
-    return 0
+        return 70, "stderr", {"error": {"code": "internal-error", "message": f"{type(exc).__name__}: {exc}",
+                                        "details": {"hint": "set NUBOS_MEMORY_DEBUG=1 for a traceback"}}}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one verb, through a running memory-serve when there is one; return the exit code."""
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        _emit(sys.stderr, {"error": exc.to_dict()})
+        return exc.exit_code
+    if args.verb in FORWARDED and not os.environ.get("NUBOS_MEMORY_NO_SERVER"):
+        from .client import forward
+
+        code, stream, doc = execute_prepared(args, forward)
+    else:
+        code, stream, doc = execute(args)
+    _emit(sys.stdout if stream == "stdout" else sys.stderr, doc)
+    return code
+
+
+FORWARDED = ("memory-add", "memory-index", "memory-query", "memory-rebuild", "memory-stats")
+
+
+def execute_prepared(args: argparse.Namespace, forward: Callable[[argparse.Namespace], Any]) -> tuple[int, str, Any]:
+    """Ask a running server first (same answer, warm); run in-process when there is none."""
+    try:
+        prepare_for_server(args)
+    except NubosMemoryError as exc:
+        return exc.exit_code, "stderr", {"error": exc.to_dict()}
+    answer = forward(args)
+    return answer if answer is not None else execute(args)
+
+
+def prepare_for_server(args: argparse.Namespace) -> None:
+    """Make a request self-contained: read stdin now, make file paths absolute."""
+    if args.verb == "memory-add":
+        if args.body is None and args.body_file is None:
+            read_stdin(args)
+        if args.id is None:  # fixed before sending, so a retry in-process cannot add it twice
+            import uuid
+
+            args.id = str(uuid.uuid4())
+    if args.verb == "memory-index" and args.records_file == "-":
+        read_stdin(args)
+    for name in ("body_file", "records_file"):
+        value = getattr(args, name, None)
+        if value not in (None, "-"):
+            setattr(args, name, os.path.abspath(value))
 
 
 if __name__ == "__main__":  # pragma: no cover

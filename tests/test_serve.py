@@ -1,0 +1,128 @@
+"""Warm mode: a real memory-serve subprocess; same answers as in-process; clean fallback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import REPO, index_records, rec, run_sub
+
+CORPUS = [rec(f"note {i} about {topic}", f"details of {topic} number {i}", id=f"n{i}", tags=[topic])
+          for i, topic in enumerate(["webhooks", "jwt", "pnpm", "invoices", "webhooks", "flags"] * 3)]
+
+
+def start_server(root, *extra):
+    proc = subprocess.Popen([sys.executable, "-m", "nubos_memory", "memory-serve", "--root", str(root), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    line = proc.stderr.readline()
+    assert '"serving"' in line, line + proc.stderr.read()
+    return proc
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=20)
+    return json.loads(out)
+
+
+@pytest.fixture
+def served(project):
+    index_records(project, CORPUS)
+    proc = start_server(project)
+    yield project, proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def in_process(*argv):
+    return run_sub(list(argv), env={"NUBOS_MEMORY_NO_SERVER": "1"})
+
+
+def test_server_answers_exactly_like_in_process(served):
+    root, proc = served
+    sock = root / ".nubos-pilot/memory/serve.sock"
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    for argv in (["memory-query", "webhooks", "--explain"], ["memory-query", "--type", "critic", "x"],
+                 ["memory-query", "--text", " "], ["memory-query", "--k", "0", "x"], ["memory-stats"]):
+        warm = run_sub([*argv, "--root", str(root)])
+        cold = in_process(*argv, "--root", str(root))
+        assert (warm.code, warm.json, warm.error) == (cold.code, cold.json, cold.error), argv
+    summary = stop(proc)
+    assert summary["stopped"] and summary["served"] == 5 and summary["reason"] == "signal"
+    assert not sock.exists()
+
+
+def test_writes_through_server_and_by_others_are_seen(served):
+    root, proc = served
+    add = run_sub(["memory-add", "--root", str(root), "--type", "learning", "--title", "zebra crossing rules"],
+                  stdin="stdin body reaches the server")
+    assert add.code == 0 and add.json["added"] == 1
+    # Written by "another process" behind the server's back.
+    other = in_process("memory-add", "--root", str(root), "--type", "learning", "--title", "quokka habitat")
+    assert other.code == 0
+    for word, rid in (("zebra", add.json["id"]), ("quokka", other.json["id"])):
+        q = run_sub(["memory-query", "--root", str(root), word])
+        assert q.json["hits"][0]["id"] == rid
+    lines = (root / ".nubos-pilot/memory/records.jsonl").read_text().splitlines()
+    assert json.loads(lines[-2])["body"] == "stdin body reaches the server"
+    batch = root / "batch.jsonl"
+    batch.write_text(json.dumps(rec("walrus tusks", id="w1")) + "\n")
+    idx = run_sub(["memory-index", "--root", str(root), "--records-file", "batch.jsonl"], cwd=root)
+    assert idx.code == 0 and idx.json["added"] == 1
+    stats = in_process("memory-stats", "--root", str(root)).json
+    assert stats["count"] == len(CORPUS) + 3 and stats["consistency"]["consistent"]
+    assert stop(proc)["served"] == 4  # add, two queries, index; in_process calls bypass it
+
+
+def test_fallback_when_no_server_and_stale_socket_is_replaced(project):
+    index_records(project, CORPUS)
+    sock_path = project / ".nubos-pilot/memory/serve.sock"
+    # A stale socket: bound once, its process gone.
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(sock_path))
+    s.close()
+    assert sock_path.exists()
+    q = run_sub(["memory-query", "--root", str(project), "jwt"])
+    assert q.code == 0 and q.json["hits"]
+    proc = start_server(project)  # replaces the stale socket
+    try:
+        assert run_sub(["memory-query", "--root", str(project), "jwt"]).json == q.json
+    finally:
+        assert stop(proc)["served"] == 1
+
+
+def test_killed_server_leaves_socket_that_clients_survive(project):
+    index_records(project, CORPUS)
+    proc = start_server(project)
+    proc.kill()
+    proc.wait()
+    assert (project / ".nubos-pilot/memory/serve.sock").exists()
+    q = run_sub(["memory-query", "--root", str(project), "pnpm"])
+    assert q.code == 0 and q.json["hits"][0]["record"]["tags"] == ["pnpm"]
+
+
+def test_idle_shutdown_and_second_server_refused(project):
+    index_records(project, CORPUS)
+    proc = start_server(project, "--idle-timeout", "1.5")
+    second = run_sub(["memory-serve", "--root", str(project)])
+    assert second.code == 5 and second.error["code"] == "serve-already-running"
+    out, _ = proc.communicate(timeout=20)
+    assert json.loads(out)["reason"] == "idle"
+    assert not (project / ".nubos-pilot/memory/serve.sock").exists()
+
+
+def test_disabled_memory_refuses_to_serve(tmp_path):
+    r = run_sub(["memory-serve", "--root", str(tmp_path)])
+    assert r.code == 4 and r.error["code"] == "memory-disabled"
+    t = time.monotonic()
+    assert time.monotonic() - t < 5
