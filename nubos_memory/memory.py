@@ -344,7 +344,7 @@ class Memory:
         self._prepare_folder()
         scan = self.snap.refresh()
         count = len(scan.records)
-        hashes = self.snap.hashes[:count]
+        hashes = self.snap.ensure_hashes()[:count]
         ours = self._our_embedding()
         reuse: dict[str, Any] = {}
         try:

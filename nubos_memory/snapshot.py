@@ -50,14 +50,20 @@ class Snapshot:
             self._reset()
             self._vec_key = None
         self.scan = scan
-        for pos in range(len(self.hashes), len(scan.records)):
+        for pos in range(len(self.types), len(scan.records)):
             rec = scan.records[pos]
-            self.hashes.append(content_hash(embed_text(rec)))
             self.types.append(rec["type"])
             self.phases.append(rec.get("phase"))
             for tag in rec.get("tags") or ():
                 self.tag_positions.setdefault(tag, []).append(pos)
         return scan
+
+    def ensure_hashes(self) -> list[str]:
+        """Content hashes of every record's embedded text (computed once, only when vectors matter)."""
+        records = self.scan.records if self.scan else []
+        for pos in range(len(self.hashes), len(records)):
+            self.hashes.append(content_hash(embed_text(records[pos])))
+        return self.hashes
 
     # -- lexical -------------------------------------------------------------------
     def lexical_engine(self) -> PostingsBM25:
@@ -109,7 +115,7 @@ class Snapshot:
             self.manifest, self.index = self.cache.load_current()
             self._vec_key = None if self.manifest is None else self.manifest.get("generation")
             self.labels = np.zeros(0, dtype=np.int64)
-        n = len(self.hashes)
+        n = len(self.ensure_hashes())
         if len(self.labels) < n:
             index = self.index
             extra = np.full(n - len(self.labels), -1, dtype=np.int64)

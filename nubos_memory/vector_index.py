@@ -107,7 +107,12 @@ class VectorIndex:
         rows = np.arange(n) if allowed is None else allowed
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        sims = self.vectors[rows] @ query if allowed is not None else self.vectors @ query
+        if allowed is None:
+            sims = self.vectors @ query
+        elif len(rows) * 4 > n:  # a broad filter: one pass over all rows beats copying most of them
+            sims = (self.vectors @ query)[rows]
+        else:
+            sims = self.vectors[rows] @ query
         k = min(k, len(rows))
         part = np.argpartition(-sims, k - 1)[:k]
         order = part[np.lexsort((part, -sims[part]))]
