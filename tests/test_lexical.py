@@ -85,4 +85,19 @@ def test_postings_engine_scores_equal_rank_bm25():
         expected = reference.scores(query)
         assert engine.scores(query) == pytest.approx(expected, abs=1e-9)
         assert reloaded.scores(query) == pytest.approx(expected, abs=1e-9)
-        assert engine.upper_bound(query) == pytest.approx(reference.upper_bound(query))
+        assert engine.self_score(query) == pytest.approx(reference.self_score(query))
+
+
+def test_self_score_is_the_query_scored_as_an_average_document():
+    """S(q) equals BM25 of a document that is the query, in a corpus whose average length is its own."""
+    from nubos_memory.lexical import PostingsBM25
+
+    query = ["deploy", "deploy", "service"]
+    docs = [query, ["other", "words", "here"], ["deploy", "x", "y"], ["a", "b", "c"]]  # every length 3
+    engine = PostingsBM25()
+    engine.add(docs)
+    assert engine.self_score(query) == pytest.approx(float(engine.scores(query)[0]))
+    # Terms no record holds (idf 0) add nothing; repeats saturate like tf does.
+    assert engine.self_score(["absent"]) == 0.0
+    once = engine.self_score(["service"])
+    assert once < engine.self_score(["service", "service"]) < 2 * once

@@ -132,7 +132,8 @@ def test_vector_only_hits_need_threshold(corpus):
     r = query(corpus, "--explain", "webhook")
     vec_hits = [h for h in r.json["hits"] if h["retrieval"] == "vector"]
     assert vec_hits and all(h["explain"]["lexical"]["raw"] == 0 for h in vec_hits)
-    assert all(h["score"] == pytest.approx(0.4 * h["explain"]["vector"]["cosine"], abs=1e-5) for h in vec_hits)
+    assert all(h["score"] == pytest.approx((1 - h["explain"]["alpha"]) * h["explain"]["vector"]["cosine"], abs=1e-5)
+               for h in vec_hits)
     write_config(corpus, threshold=0.99)
     assert [h for h in query(corpus, "webhook").json["hits"] if h["retrieval"] == "vector"] == []
     assert low.code == 0
@@ -180,5 +181,6 @@ def test_fusion_units():
 
 
 def test_normaliser_does_not_inflate_weak_best():
-    assert bm25_normaliser(best=10.0, upper_bound=12.0) == 10.0  # strong best match → 1.0
-    assert bm25_normaliser(best=1.0, upper_bound=12.0) > 1.0  # weak best stays below 1.0
+    assert bm25_normaliser(best=10.0, self_score=6.0) == 10.0  # strong best match → 1.0
+    assert bm25_normaliser(best=1.0, self_score=6.0) == 6.0  # weak best: 1/6, not 1.0
+    assert bm25_normaliser(best=0.0, self_score=0.0) > 0  # never divides by zero

@@ -70,3 +70,18 @@ def test_rebuild_with_real_vectors_is_deterministic(real):
     second = digests()
     real.rebuild()
     assert digests() == second == first
+
+
+def test_long_record_is_embedded_whole_not_truncated(embedder):
+    """Text past MiniLM's 256-wordpiece window still counts: pieces are embedded and pooled."""
+    filler = " ".join(f"The billing service retries webhook delivery attempt {i} with backoff." for i in range(40))
+    text = "Billing service notes\n" + filler + " Quokkas live on Rottnest Island off the coast of Perth."
+    pieces, _ = embedder.pieces([text])
+    assert len(pieces) >= 2 and all(p.startswith("Billing service notes\n") for p in pieces)
+    model = embedder._load()
+    truncated = model.encode([text], normalize_embeddings=True)[0]  # what truncation would store
+    pooled = embedder.embed([text])[0]
+    q = embedder.embed(["where do quokkas live?"])[0]
+    assert q @ pooled > q @ truncated + 0.05
+    short = "Release pipeline\nmanual via workflow_dispatch"
+    assert np.allclose(embedder.embed([short])[0], model.encode([short], normalize_embeddings=True)[0], atol=1e-6)

@@ -1,0 +1,108 @@
+"""Cutting text into pieces that fit a token budget, deterministically.
+
+Used to embed a record longer than the model's window (``split_for_window``:
+every piece is embedded and the record's vector pools them, see
+``embedders.py`` and adr/0002).  Pieces end at paragraph breaks, then
+sentence ends, then spaces, and only as a last resort inside a run of text
+with no spaces (CJK, a long URL), always at a token boundary.
+
+Token counts come from the tokenizer itself as the character offset where
+each token starts, so a span's count is exact: the tokens that start
+inside it.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left
+from typing import Sequence
+
+# A paragraph break, or the end of a sentence followed by what starts one.
+_BREAK = re.compile(r"\n\s*\n|(?<=[.!?])\s+(?=[\"'(\[A-Z0-9])|\n")
+_WORD = re.compile(r"\S+")
+
+
+class _Counter:
+    """Tokens starting in a character span, from the sorted token start offsets."""
+
+    def __init__(self, starts: Sequence[int]):
+        self.starts = starts
+
+    def __call__(self, a: int, b: int) -> int:
+        return bisect_left(self.starts, b) - bisect_left(self.starts, a)
+
+
+def _spans(text: str, a: int, b: int, pattern: re.Pattern[str], *, matches_are_units: bool) -> list[tuple[int, int]]:
+    """Non-empty sub-spans of ``text[a:b]``: the matches, or the text between matches."""
+    out: list[tuple[int, int]] = []
+    if matches_are_units:
+        for m in pattern.finditer(text, a, b):
+            out.append((m.start(), m.end()))
+        return out
+    pos = a
+    for m in pattern.finditer(text, a, b):
+        if m.start() > pos and text[pos:m.start()].strip():
+            out.append((pos, m.start()))
+        pos = m.end()
+    if pos < b and text[pos:b].strip():
+        out.append((pos, b))
+    return out
+
+
+def _units(text: str, a: int, b: int, count: _Counter, room: int) -> list[tuple[int, int]]:
+    """Spans no longer than ``room`` tokens: sentences, else words, else runs of tokens."""
+    out: list[tuple[int, int]] = []
+    for s, e in _spans(text, a, b, _BREAK, matches_are_units=False):
+        if count(s, e) <= room:
+            out.append((s, e))
+            continue
+        for ws, we in _spans(text, s, e, _WORD, matches_are_units=True):
+            if count(ws, we) <= room:
+                out.append((ws, we))
+                continue
+            first = bisect_left(count.starts, ws)
+            last = bisect_left(count.starts, we)
+            for i in range(first, last, room):  # cut at token starts: no token is split
+                start = ws if i == first else count.starts[i]
+                end = we if i + room >= last else count.starts[i + room]
+                out.append((start, end))
+    return out
+
+
+def split_for_window(text: str, token_starts: Sequence[int], limit: int) -> list[str]:
+    """Pieces of ``text`` that each fit ``limit`` tokens (``text`` itself when it fits).
+
+    ``token_starts`` are the sorted character offsets at which ``text``'s
+    tokens start.  The first line (a record's title) is repeated at the head
+    of every piece, so each piece says what it is about, unless it would take
+    more than half the budget.  Pieces are packed greedily from the front.
+    """
+    if len(token_starts) <= limit:
+        return [text]
+    count = _Counter(token_starts)
+    nl = text.find("\n")
+    head = nl + 1 if nl >= 0 else 0
+    if count(0, head) > limit // 2:
+        head = 0
+    prefix, room = text[:head], limit - count(0, head)
+    pieces: list[str] = []
+    cur: tuple[int, int] | None = None
+    for s, e in _units(text, head, len(text), count, room):
+        if cur is not None and count(cur[0], e) <= room:
+            cur = (cur[0], e)
+            continue
+        if cur is not None:
+            pieces.append(prefix + text[cur[0]:cur[1]])
+        cur = (s, e)
+    if cur is not None:
+        pieces.append(prefix + text[cur[0]:cur[1]])
+    return pieces or [text]
+
+
+def word_starts(text: str, count_tokens) -> list[int]:
+    """Token start offsets for a tokenizer that cannot report offsets: each
+    whitespace-separated word's tokens are all placed at the word's start."""
+    starts: list[int] = []
+    for m in _WORD.finditer(text):
+        starts.extend([m.start()] * len(count_tokens(m.group())))
+    return starts
