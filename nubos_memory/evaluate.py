@@ -2,8 +2,9 @@
 
 The corpus is indexed through the product's real write path into a scratch
 memory (title → record title, text → body), and every query runs through the
-real query path.  Metrics follow trec_eval: nDCG@10 with linear gains (the
-qrel score), recall@10, recall@100, MRR@10; latency p50/p95 per mode.
+real query path.  Metrics follow trec_eval: nDCG@k with linear gains (the
+qrel score), recall@k, recall@100, MRR@k (k = 10 unless ``--k``); latency
+p50/p95 per mode, measured around the query call (query embedding included).
 
 Embeddings may be cached between runs in ``$NUBOS_MEMORY_CACHE`` (default
 ``~/.cache/nubos-memory``), keyed by the embedder's fingerprint and the text's
@@ -177,6 +178,8 @@ def evaluate(source_config: dict[str, Any], folder: Path, *, split: str = "test"
     from .embedders import make_embedder
     from .memory import Memory
 
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1000:
+        raise InputError("k must be an integer in 1..1000", code="query-invalid-k", details={"k": k})
     corpus, queries, qrels = load_beir(folder, split)
     config = {**source_config, "enabled": True}
     inner = embedder or make_embedder(config.get("provider", "local"), config.get("model") or "")
@@ -213,7 +216,7 @@ def evaluate(source_config: dict[str, Any], folder: Path, *, split: str = "test"
             kwargs: dict[str, Any] = {"fusion": "rrf" if mode == "rrf" else "alpha", "alpha": alpha}
             if mode in ("lexical", "vector"):
                 kwargs["mode"] = mode
-            sums = {"ndcg@10": 0.0, "recall@10": 0.0, "recall@100": 0.0, "mrr@10": 0.0}
+            sums = {f"ndcg@{k}": 0.0, f"recall@{k}": 0.0, "recall@100": 0.0, f"mrr@{k}": 0.0}
             latencies = []
             degraded = 0
             for n, qid in enumerate(judged, start=1):
@@ -226,10 +229,10 @@ def evaluate(source_config: dict[str, Any], folder: Path, *, split: str = "test"
                 degraded += res["degraded"] is not None
                 ranked = [ids.get(h["id"], h["id"]) for h in res["hits"]]
                 rel = qrels[qid]
-                sums["ndcg@10"] += ndcg_at_k(ranked, rel, 10)
-                sums["recall@10"] += recall_at_k(ranked, rel, 10)
+                sums[f"ndcg@{k}"] += ndcg_at_k(ranked, rel, k)
+                sums[f"recall@{k}"] += recall_at_k(ranked, rel, k)
                 sums["recall@100"] += recall_at_k(ranked, rel, 100)
-                sums["mrr@10"] += mrr_at_k(ranked, rel, 10)
+                sums[f"mrr@{k}"] += mrr_at_k(ranked, rel, k)
                 if progress:
                     progress(mode, n, len(judged))
             out_modes[mode] = {

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .cache import DerivedCache
@@ -115,8 +114,8 @@ class Memory:
         return RebuildRequired(
             "the index was built with another embedding model or settings; vectors of the two are never "
             "mixed. Run memory-rebuild.",
-            details={"index": {k: stored.get(k) for k in ("provider", "model", "dim", "template", "fingerprint")},
-                     "config": {**{k: ours.get(k) for k in ("provider", "model", "dim", "template")},
+            details={"index": {k: stored.get(k) for k in ("provider", "model", "dim", "template", "pooling", "fingerprint")},
+                     "config": {**{k: ours.get(k) for k in ("provider", "model", "dim", "template", "pooling")},
                                 "fingerprint": fingerprint_of(ours)}},
         )
 

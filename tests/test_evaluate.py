@@ -75,3 +75,16 @@ def test_eval_end_to_end_with_hash_embedder(tmp_path, monkeypatch):
 def test_eval_bad_folder(tmp_path):
     r = run_cli(["memory-eval", "--beir", str(tmp_path / "missing")])
     assert r.code == 5 and r.error["code"] == "beir-invalid"
+
+
+def test_eval_k_sets_the_cutoff(tmp_path, monkeypatch):
+    _mini_beir(tmp_path / "beir")
+    monkeypatch.setenv("NUBOS_MEMORY_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "proj"
+    (root / ".nubos-pilot").mkdir(parents=True)
+    (root / ".nubos-pilot/config.json").write_text(json.dumps({"memory": {"provider": "hash", "model": "hash-64"}}))
+    r = run_cli(["memory-eval", "--root", str(root), "--beir", str(tmp_path / "beir"), "--mode", "lexical", "--k", "1"])
+    assert r.code == 0, r.err
+    assert set(r.json["modes"]["lexical"]) >= {"ndcg@1", "recall@1", "mrr@1", "recall@100"}
+    bad = run_cli(["memory-eval", "--root", str(root), "--beir", str(tmp_path / "beir"), "--k", "0"])
+    assert bad.code == 5 and bad.error["code"] == "query-invalid-k"
