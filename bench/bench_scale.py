@@ -264,10 +264,15 @@ def main() -> None:
             cli(root, "memory-query", "--mode", "lexical", queries[3]) for _ in range(5))
         row["python_startup_ms"] = statistics.median(
             timed(lambda: subprocess.run([sys.executable, "-c", "pass"]), 5))
-        # Peak RSS of a warm process at this size (fresh process: load, 20 hybrid queries).
-        probe = ("import json,resource,sys; sys.path.insert(0, %r); from nubos_memory import Memory; "
-                 "m = Memory.open(%r); [m.query(q, k=10) for q in json.loads(sys.argv[1])]; "
-                 "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)") % (str(REPO), str(root))
+        # Peak RSS of a warm process at this size: a fresh process loads the memory, answers 20
+        # hybrid queries, takes one write (as memory-serve would) and 20 more queries. Read from
+        # VmHWM: ru_maxrss survives fork+exec on Linux and would report this parent's size.
+        probe = ("import json,sys; sys.path.insert(0, %r); from nubos_memory import Memory; "
+                 "m = Memory.open(%r); qs = json.loads(sys.argv[1]); [m.query(q, k=10) for q in qs]; "
+                 "m.add({'type': 'learning', 'title': 'rss probe', 'body': 'one write'}); "
+                 "[m.query(q, k=10) for q in qs]; "
+                 "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])"
+                 ) % (str(REPO), str(root))
         out = subprocess.run([sys.executable, "-c", probe, json.dumps(queries[:20])], capture_output=True, text=True)
         row["warm_peak_rss_mb"] = int(out.stdout.strip().splitlines()[-1]) / 1024 if out.returncode == 0 else None
         if out.returncode != 0:

@@ -19,11 +19,13 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.lib import format as npformat
 
 from .errors import StoreError
 from .fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, fsync_dir, fsync_path, loads
@@ -36,10 +38,34 @@ _PREFIXES = ("index-", "keymap-", "vectors-")
 
 
 def covers_digest(ids: list[str], hashes: list[str]) -> str:
-    h = hashlib.sha256()
-    for rid, ch in zip(ids, hashes):
-        h.update(rid.encode("utf-8") + b"\x00" + ch.encode("ascii") + b"\n")
-    return h.hexdigest()[:32]
+    """A digest of which records (id and content hash, in label order) a generation covers."""
+    joined = "".join(f"{rid}\x00{ch}\n" for rid, ch in zip(ids, hashes))
+    return hashlib.sha256(joined.encode("utf-8")).hexdigest()[:32]
+
+
+def _write_vectors(path: Path, vectors: np.ndarray, base: VectorIndex | None) -> None:
+    """Write ``vectors-<gen>.npy``: all rows, or ``base``'s file's rows followed by ``vectors``.
+
+    Appending copies the base file's bytes through the page cache instead of
+    loading its rows, so a commit at 100k records holds no second copy of them.
+    The header is the one ``np.save`` writes, so both paths give the same bytes.
+    """
+    with open(path, "wb") as f:
+        if base is None:
+            np.save(f, vectors, allow_pickle=False)
+            return
+        shape = (len(base) + len(vectors), base.dim)
+        npformat.write_array_header_1_0(f, {"descr": npformat.dtype_to_descr(np.dtype(np.float32)),
+                                            "fortran_order": False, "shape": shape})
+        with open(base.vectors_path, "rb") as src:  # type: ignore[arg-type]
+            version = npformat.read_magic(src)
+            read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+            src_shape, fortran, dtype = read_header(src)
+            if src_shape != (len(base), base.dim) or fortran or dtype != np.float32:
+                raise StoreError("stored vectors changed under the writer; run memory-rebuild",
+                                 code="vectors-corrupt", details={"file": base.vectors_path.name})  # type: ignore[union-attr]
+            shutil.copyfileobj(src, f, 1 << 20)
+        f.write(np.ascontiguousarray(vectors, dtype=np.float32).tobytes())
 
 
 def _names(gen: str) -> dict[str, str]:
@@ -122,7 +148,7 @@ class DerivedCache:
         except (OSError, ValueError):
             raise StoreError("stored vectors are corrupt; run memory-rebuild", code="vectors-corrupt",
                              details={"file": paths["vectors"].name})
-        return VectorIndex(ids, hashes, vectors, paths["index"], ef)
+        return VectorIndex(ids, hashes, vectors, paths["index"], ef, vectors_path=paths["vectors"])
 
     def load_current(self, attempts: int = 5) -> tuple[dict[str, Any] | None, VectorIndex | None]:
         """Manifest and its generation, retrying if a writer swapped them mid-read."""
@@ -155,21 +181,25 @@ class DerivedCache:
     ) -> dict[str, Any]:
         """Write a new generation and swap the manifest in; return the new manifest.
 
-        With ``base`` (the current generation) the first ``len(base)`` rows are
-        unchanged and its HNSW graph is extended; otherwise a fresh graph is
-        built from all rows (the deterministic rebuild path).
+        With ``base`` (the current generation), ``vectors`` are only the rows
+        appended after base's, whose rows, keymap entries and graph are kept
+        (the graph is extended).  Without it, ``vectors`` are every row and a
+        fresh graph is built (the deterministic rebuild path).
         """
         gen = f"{int(time.time() * 1000):x}-{secrets.token_hex(3)}"
+        base_gen = (previous or {}).get("generation")
         names = _names(gen)
         count = len(ids)
         written: list[Path] = []
         try:
             files: dict[str, Any] | None = None
+            if base is not None and not len(base):
+                base = None  # an empty generation: nothing to extend
             if count:
                 vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-                if base is not None and len(base) and base.hnsw_path is not None:
-                    graph = load_hnsw(base.hnsw_path, base.dim, extra=count - len(base))
-                    graph = build_hnsw(vectors[len(base):], params, base=graph)
+                if base is not None and base.hnsw_path is not None:
+                    graph = load_hnsw(base.hnsw_path, base.dim, capacity=count)
+                    graph = build_hnsw(vectors, params, base=graph)
                 else:
                     graph = build_hnsw(vectors, params)
                 index_path = self.folder / names["index"]
@@ -180,8 +210,7 @@ class DerivedCache:
                 keymap_path.write_bytes(dumps({"format": CACHE_FORMAT, "ids": ids, "hashes": hashes}))
                 vectors_path = self.folder / names["vectors"]
                 written.append(vectors_path)
-                with open(vectors_path, "wb") as f:
-                    np.save(f, vectors, allow_pickle=False)
+                _write_vectors(vectors_path, vectors, base)
                 files = {}
                 for key, path in (("index", index_path), ("keymap", keymap_path), ("vectors", vectors_path)):
                     os.chmod(path, FILE_MODE)
@@ -193,6 +222,8 @@ class DerivedCache:
                 "format": CACHE_FORMAT,
                 "schema_version": SCHEMA_VERSION,
                 "generation": gen,
+                # An append keeps every row of this generation: readers keep their label mapping.
+                "appended_to": base_gen if base is not None else None,
                 "embedding": embedding,
                 "hnsw": params.to_dict(),
                 "alpha": alpha,

@@ -85,17 +85,28 @@ class PostingsBM25:
 
     Scoring touches only the postings of the query's terms, so it costs
     milliseconds at 100k records where rank-bm25, which loops over every
-    document for every term, costs hundreds.  ``add`` appends documents;
-    ``arrays``/``from_arrays`` persist it without pickle (see ``lexcache.py``).
+    document for every term, costs hundreds (adr/0005).  The postings are a
+    frozen CSR *base* plus a small *delta* of documents appended since, kept
+    in lists; when the delta outgrows ``MERGE_FRACTION`` of the base it is
+    merged in, with numpy, so appends never rebuild the index term by term.
+    Only raw term frequencies and lengths are stored: idf and the average
+    length are taken at query time, so appending never invalidates a score.
+    ``arrays``/``from_arrays`` persist it without pickle (``lexcache.py``).
     """
+
+    MERGE_MIN = 1024
+    MERGE_FRACTION = 0.05
 
     def __init__(self) -> None:
         self.vocab: dict[str, int] = {}
-        self.df: list[int] = []
-        self._post_docs: list[list[int]] = []
-        self._post_tf: list[list[int]] = []
+        self._indptr = np.zeros(1, dtype=np.int64)  # base: postings of term t at indptr[t]:indptr[t+1]
+        self._docs = np.zeros(0, dtype=np.int32)
+        self._tfs = np.zeros(0, dtype=np.float32)
+        self._base_df = np.zeros(0, dtype=np.int64)
+        self._delta: dict[int, tuple[list[int], list[int]]] = {}  # term id -> (docs, tfs) appended
+        self._delta_docs = 0
         self.doc_len = np.zeros(0, dtype=np.float64)
-        self._frozen: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._norm: np.ndarray | None = None  # k1·(1 − b + b·len/avgdl) for the current size
 
     @property
     def size(self) -> int:
@@ -103,45 +114,68 @@ class PostingsBM25:
 
     def add(self, docs: Sequence[Sequence[str]]) -> None:
         """Append tokenised documents (doc ids continue from ``size``)."""
-        self._thaw()
         start = self.size
         lengths = np.empty(len(docs), dtype=np.float64)
+        vocab, delta = self.vocab, self._delta
         for offset, tokens in enumerate(docs):
             lengths[offset] = len(tokens)
             counts: dict[str, int] = {}
             for tok in tokens:
                 counts[tok] = counts.get(tok, 0) + 1
             for tok, tf in counts.items():
-                tid = self.vocab.get(tok)
+                tid = vocab.get(tok)
                 if tid is None:
-                    tid = self.vocab[tok] = len(self.df)
-                    self.df.append(0)
-                    self._post_docs.append([])
-                    self._post_tf.append([])
-                self.df[tid] += 1
-                self._post_docs[tid].append(start + offset)
-                self._post_tf[tid].append(tf)
+                    tid = vocab[tok] = len(vocab)
+                entry = delta.get(tid)
+                if entry is None:
+                    entry = delta[tid] = ([], [])
+                entry[0].append(start + offset)
+                entry[1].append(tf)
         self.doc_len = np.concatenate([self.doc_len, lengths])
+        self._delta_docs += len(docs)
+        self._norm = None
+        if self._delta_docs > max(self.MERGE_MIN, self.MERGE_FRACTION * (self.size - self._delta_docs)):
+            self.merge()
 
-    def _thaw(self) -> None:
-        if self._frozen is None:
+    def merge(self) -> None:
+        """Fold the delta into the CSR base (vectorised; O(postings))."""
+        if not self._delta:
+            self._delta_docs = 0
             return
-        indptr, docs, tfs = self._frozen
-        self._post_docs = [docs[indptr[i]:indptr[i + 1]].tolist() for i in range(len(indptr) - 1)]
-        self._post_tf = [tfs[indptr[i]:indptr[i + 1]].tolist() for i in range(len(indptr) - 1)]
-        self._frozen = None
+        n_terms = len(self.vocab)
+        old_terms = len(self._indptr) - 1
+        base_counts = np.zeros(n_terms, dtype=np.int64)
+        base_counts[:old_terms] = np.diff(self._indptr)
+        delta_counts = np.zeros(n_terms, dtype=np.int64)
+        for tid, (d, _) in self._delta.items():
+            delta_counts[tid] = len(d)
+        indptr = np.zeros(n_terms + 1, dtype=np.int64)
+        np.cumsum(base_counts + delta_counts, out=indptr[1:])
+        docs = np.empty(int(indptr[-1]), dtype=np.int32)
+        tfs = np.empty(int(indptr[-1]), dtype=np.float32)
+        # Each base posting moves right by the delta postings of the terms before its own.
+        shift = np.repeat(indptr[:old_terms] - self._indptr[:-1], base_counts[:old_terms])
+        where = np.arange(len(self._docs), dtype=np.int64) + shift
+        docs[where] = self._docs
+        tfs[where] = self._tfs
+        for tid, (d, t) in self._delta.items():  # delta docs are newer: they follow the base's
+            at = int(indptr[tid] + base_counts[tid])
+            docs[at:at + len(d)] = d
+            tfs[at:at + len(t)] = t
+        self._indptr, self._docs, self._tfs = indptr, docs, tfs
+        self._base_df = base_counts + delta_counts
+        self._delta, self._delta_docs = {}, 0
 
-    def _postings(self, tid: int) -> tuple[np.ndarray, np.ndarray]:
-        if self._frozen is not None:
-            indptr, docs, tfs = self._frozen
-            return docs[indptr[tid]:indptr[tid + 1]], tfs[indptr[tid]:indptr[tid + 1]]
-        return np.asarray(self._post_docs[tid], dtype=np.int64), np.asarray(self._post_tf[tid], dtype=np.float32)
+    def _df(self, tid: int) -> int:
+        base = int(self._base_df[tid]) if tid < len(self._base_df) else 0
+        extra = self._delta.get(tid)
+        return base + (len(extra[0]) if extra else 0)
 
     def idf(self, term: str) -> float:
         tid = self.vocab.get(term)
         if tid is None or not self.size:
             return 0.0
-        df = self.df[tid]
+        df = self._df(tid)
         return math.log(1.0 + (self.size - df + 0.5) / (df + 0.5))
 
     def self_score(self, terms: Sequence[str]) -> float:
@@ -151,39 +185,44 @@ class PostingsBM25:
         out = np.zeros(self.size, dtype=np.float64)
         if not self.size:
             return out
-        avgdl = float(self.doc_len.mean()) or 1.0
+        if self._norm is None:
+            avgdl = float(self.doc_len.mean()) or 1.0
+            self._norm = K1 * (1.0 - B + B * self.doc_len / avgdl)
+        norm = self._norm
         for term in dict.fromkeys(terms):
             tid = self.vocab.get(term)
             if tid is None:
                 continue
-            docs, tf = self._postings(tid)
-            tf = tf.astype(np.float64)
-            norm = K1 * (1.0 - B + B * self.doc_len[docs] / avgdl)
-            out[docs] += self.idf(term) * tf * (K1 + 1.0) / (tf + norm)
+            idf = self.idf(term)
+            parts = []
+            if tid < len(self._indptr) - 1:
+                lo, hi = self._indptr[tid], self._indptr[tid + 1]
+                parts.append((self._docs[lo:hi], self._tfs[lo:hi]))
+            extra = self._delta.get(tid)
+            if extra:
+                parts.append((np.asarray(extra[0], dtype=np.int64), np.asarray(extra[1], dtype=np.float32)))
+            for docs, tf32 in parts:
+                tf = tf32.astype(np.float64)
+                out[docs] += idf * tf * (K1 + 1.0) / (tf + norm[docs])
         return out
 
     # -- persistence as plain arrays (no pickle) -----------------------------------
     def arrays(self) -> tuple[list[str], dict[str, np.ndarray]]:
         """The vocabulary (in term-id order) and the numpy arrays that rebuild this index."""
-        if self._frozen is not None:
-            indptr, docs, tfs = self._frozen
-        else:
-            lens = np.fromiter((len(p) for p in self._post_docs), dtype=np.int64, count=len(self._post_docs))
-            indptr = np.zeros(len(lens) + 1, dtype=np.int64)
-            np.cumsum(lens, out=indptr[1:])
-            docs = np.fromiter((d for p in self._post_docs for d in p), dtype=np.int32, count=int(indptr[-1]))
-            tfs = np.fromiter((t for p in self._post_tf for t in p), dtype=np.float32, count=int(indptr[-1]))
+        self.merge()
         terms = [""] * len(self.vocab)
         for term, tid in self.vocab.items():
             terms[tid] = term
-        return terms, {"indptr": indptr, "docs": docs, "tfs": tfs, "df": np.asarray(self.df, dtype=np.int32),
-                       "doc_len": self.doc_len}
+        return terms, {"indptr": self._indptr, "docs": self._docs, "tfs": self._tfs,
+                       "df": self._base_df.astype(np.int32), "doc_len": self.doc_len}
 
     @classmethod
     def from_arrays(cls, terms: list[str], arrays: dict[str, np.ndarray]) -> "PostingsBM25":
         self = cls()
         self.vocab = {t: i for i, t in enumerate(terms)}
-        self.df = arrays["df"].tolist()
+        self._indptr = np.asarray(arrays["indptr"], dtype=np.int64)
+        self._docs = np.asarray(arrays["docs"], dtype=np.int32)
+        self._tfs = np.asarray(arrays["tfs"], dtype=np.float32)
+        self._base_df = np.diff(self._indptr)
         self.doc_len = np.asarray(arrays["doc_len"], dtype=np.float64)
-        self._frozen = (arrays["indptr"], arrays["docs"], arrays["tfs"])
         return self

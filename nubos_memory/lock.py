@@ -16,8 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from filelock import FileLock, Timeout
-
 from .errors import LockTimeout
 from .fsio import FILE_MODE, atomic_write_bytes, dumps, loads
 
@@ -41,7 +39,7 @@ class WriteLock:
     def __init__(self, folder: Path, timeout: float):
         self.folder = folder
         self.timeout = timeout
-        self._lock = FileLock(str(folder / LOCK_FILE), mode=FILE_MODE, thread_local=False)
+        self._lock: Any = None  # a filelock.FileLock, made on first use: readers never need it
 
     def holder(self) -> dict[str, Any] | None:
         """The last recorded holder, with whether that process is still alive."""
@@ -56,7 +54,11 @@ class WriteLock:
 
     @contextmanager
     def hold(self, verb: str, timeout: float | None = None) -> Iterator[None]:
+        from filelock import FileLock, Timeout
+
         wait = self.timeout if timeout is None else timeout
+        if self._lock is None:
+            self._lock = FileLock(str(self.folder / LOCK_FILE), mode=FILE_MODE, thread_local=False)
         try:
             self._lock.acquire(timeout=wait)
         except Timeout:

@@ -191,8 +191,7 @@ class Memory:
             ids = list(current.ids) if current else []
             hashes = list(current.hashes) if current else []
             label_of = current.label_of if current else {}
-            base_vecs = np.array(current.vectors, dtype=np.float32) if current and len(current) else None
-            rewrite = False
+            replaced: dict[int, Any] = {}
             new_ids, new_hashes, new_vecs = [], [], []
             for pos in todo:
                 rid, h = records[pos]["id"], snap.hashes[pos]
@@ -202,15 +201,20 @@ class Memory:
                     new_hashes.append(h)
                     new_vecs.append(state.extra[pos])
                 elif hashes[label] != h:  # the record's text changed (a hand edit): replace its vector
-                    rewrite = True
                     hashes[label] = h
-                    base_vecs[label] = state.extra[pos]  # type: ignore[index]
-            if new_ids or rewrite:
-                parts = ([base_vecs] if base_vecs is not None else []) + ([np.stack(new_vecs)] if new_vecs else [])
+                    replaced[label] = state.extra[pos]
+            if new_ids or replaced:
+                appended = np.stack(new_vecs) if new_vecs else np.zeros((0, self.embedder.dim), dtype=np.float32)
+                if replaced:  # rare: every row is written and the graph built afresh
+                    rows = np.array(current.vectors, dtype=np.float32)  # type: ignore[union-attr]
+                    rows[list(replaced)] = np.stack(list(replaced.values()))
+                    vectors, base = np.concatenate([rows, appended]), None
+                else:  # the common case: the current generation's rows are kept, the new ones appended
+                    vectors, base = appended, current
                 self.cache.commit(
-                    ids=ids + new_ids, hashes=hashes + new_hashes, vectors=np.concatenate(parts),
+                    ids=ids + new_ids, hashes=hashes + new_hashes, vectors=vectors,
                     embedding=self._our_embedding(), params=self.params, alpha=self.config.alpha,
-                    previous=manifest, base=None if rewrite else current,
+                    previous=manifest, base=base,
                 )
                 state.indexed = len(new_ids)
             state.manifest, state.index, state.labels = snap.vectors()
@@ -273,8 +277,8 @@ class Memory:
             self._save_lexical()
         must = range(before, len(scan.records))
         state = self._sync_vectors(None, must=must, cap=self.config.max_pending_embed, blocking=True, verb=verb)
-        pending = (sum(1 for p in range(len(scan.records)) if not state.has_vector(p))
-                   if state.degraded is None else None)
+        pending = (int((state.labels < 0).sum()) - len(state.extra)
+                   if state.degraded is None and state.labels is not None else None)
         return {
             "added": len(new),
             "skipped": len(skipped),
@@ -287,10 +291,10 @@ class Memory:
             "warnings": scan.warnings(),
         }
 
-    def _save_lexical(self) -> None:
-        """Under the lock: persist the lexical index; a failure only costs speed."""
+    def _save_lexical(self, force: bool = False) -> None:
+        """Under the lock: persist the lexical index when due; a failure only costs speed."""
         try:
-            self.snap.save_lexical()
+            self.snap.save_lexical(force)
         except OSError:
             pass
 
@@ -382,7 +386,7 @@ class Memory:
             self.snap.lexical_saved = 0
             self.snap.lexcache.invalidate()
             self.snap.refresh()
-            self._save_lexical()
+            self._save_lexical(force=True)
         return {
             "rebuilt": True,
             "count": count,

@@ -39,8 +39,8 @@ class LogScan:
     inode: int = -1
     guard: bytes = b""
     generation: int = 0  # bumped on a full re-parse: positions of records may have changed
-    position: dict[str, int] = field(default_factory=dict)
-    first_line: dict[str, int] = field(default_factory=dict)
+    position: dict[str, int] = field(default_factory=dict)  # record id -> index in ``records``
+    line_of: list[int] = field(default_factory=list)  # index in ``records`` -> 1-based line number
 
     def ids(self) -> set[str]:
         return set(self.position)
@@ -131,9 +131,10 @@ class RecordLog:
         body = data[start:end] if end > start else b""
         lines = body.split(b"\n")[:-1] if body else []
         number = scan.lines
+        records, position, line_of = scan.records, scan.position, scan.line_of
         for raw in lines:
             number += 1
-            if not raw.strip():
+            if not raw or raw.isspace():
                 continue
             reason = None
             obj = None
@@ -153,12 +154,13 @@ class RecordLog:
                         reason = f"{err['code']}: {err['message']}"
                 if reason is None:
                     rid = rec["id"]
-                    if rid in scan.first_line:
-                        scan.duplicates.append({"line": number, "id": rid, "first_line": scan.first_line[rid]})
+                    first = position.get(rid)
+                    if first is not None:
+                        scan.duplicates.append({"line": number, "id": rid, "first_line": line_of[first]})
                     else:
-                        scan.first_line[rid] = number
-                        scan.position[rid] = len(scan.records)
-                        scan.records.append(rec)
+                        position[rid] = len(records)
+                        records.append(rec)
+                        line_of.append(number)
                     continue
             scan.corrupt.append({"line": number, "reason": reason, "excerpt": _excerpt(raw)})
         scan.lines = number

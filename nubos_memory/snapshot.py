@@ -20,6 +20,8 @@ from .records import content_hash, embed_text, lexical_text
 from .tokenize import tokenize
 from .vector_index import VectorIndex
 
+LEXICAL_SAVE_MIN = 64
+
 
 class Snapshot:
     """Per-record derived data aligned with ``scan.records`` positions."""
@@ -78,12 +80,20 @@ class Snapshot:
             engine.add([tokenize(lexical_text(r)) for r in scan.records[engine.size:]])
         return engine
 
-    def save_lexical(self) -> None:
-        """Under the write lock: persist the lexical index if it covers more than the saved one."""
+    def save_lexical(self, force: bool = False) -> None:
+        """Under the write lock: persist the lexical index once enough records are not in the saved one.
+
+        Saving rewrites the whole index (O(records)); a reader tokenises the
+        records the saved index lacks (about 20-50 µs each).  So a write saves
+        only when at least ``max(64, 1%)`` records are uncovered: cold readers
+        pay a few ms at most, and one write in a hundred pays for the save.
+        """
         engine = self.lexical_engine()
-        if self.scan is not None and engine.size > self.lexical_saved and engine.size == len(self.scan.records):
-            self.lexcache.save(engine, self.scan.offset)
-            self.lexical_saved = engine.size
+        n = len(self.scan.records) if self.scan is not None else 0
+        uncovered = n - self.lexical_saved
+        if engine.size == n and uncovered > 0 and (force or uncovered >= max(LEXICAL_SAVE_MIN, n // 100)):
+            self.lexcache.save(engine, self.scan.offset)  # type: ignore[union-attr]
+            self.lexical_saved = n
 
     # -- filters -------------------------------------------------------------------
     def allowed(self, type_: str | None, phase: str | None, tags: list[str]) -> np.ndarray | None:
@@ -112,18 +122,25 @@ class Snapshot:
         manifest = self.cache.read_manifest()
         key = None if manifest is None else manifest.get("generation")
         if key != self._vec_key or (manifest is not None and self.index is None):
-            self.manifest, self.index = self.cache.load_current()
+            parent, self.manifest, self.index = self._vec_key, *self.cache.load_current()
             self._vec_key = None if self.manifest is None else self.manifest.get("generation")
-            self.labels = np.zeros(0, dtype=np.int64)
+            if parent is not None and (self.manifest or {}).get("appended_to") == parent:
+                self._map(np.flatnonzero(self.labels < 0))  # an append kept every mapped row
+            else:
+                self.labels = np.zeros(0, dtype=np.int64)
         n = len(self.ensure_hashes())
         if len(self.labels) < n:
-            index = self.index
-            extra = np.full(n - len(self.labels), -1, dtype=np.int64)
-            if index is not None:
-                ids = self.scan.records if self.scan else []
-                for i, pos in enumerate(range(len(self.labels), n)):
-                    label = index.label_of.get(ids[pos]["id"])
-                    if label is not None and index.hashes[label] == self.hashes[pos]:
-                        extra[i] = label
-            self.labels = np.concatenate([self.labels, extra])
+            start = len(self.labels)
+            self.labels = np.concatenate([self.labels, np.full(n - start, -1, dtype=np.int64)])
+            self._map(range(start, n))
         return self.manifest, self.index, self.labels
+
+    def _map(self, positions: Any) -> None:
+        """Set each position's label in the current generation (-1: no vector for its text)."""
+        index = self.index
+        if index is None or self.scan is None:
+            return
+        records, hashes, label_of, labels = self.scan.records, self.hashes, index.label_of, self.labels
+        for pos in positions:
+            label = label_of.get(records[pos]["id"])
+            labels[pos] = label if label is not None and index.hashes[label] == hashes[pos] else -1

@@ -47,21 +47,24 @@ def build_hnsw(vectors: np.ndarray, params: HnswParams, base: Any = None) -> Any
     else:
         index = base
         start = index.get_current_count()
-        index.resize_index(max(1, start + len(vectors)))
+        if index.get_max_elements() < start + len(vectors):
+            index.resize_index(start + len(vectors))
     index.set_num_threads(1)
     if len(vectors):
         index.add_items(vectors, np.arange(start, start + len(vectors)), num_threads=1)
     return index
 
 
-def load_hnsw(path: Path, dim: int, extra: int = 0) -> Any:
-    """Load an index file, with room for ``extra`` more items."""
+def load_hnsw(path: Path, dim: int, capacity: int = 0) -> Any:
+    """Load an index file, with room for ``capacity`` items in all (0: as saved).
+
+    The capacity is given to ``load_index`` itself: resizing afterwards would
+    hold two copies of the graph at once.
+    """
     import hnswlib
 
     index = hnswlib.Index(space="cosine", dim=dim)
-    index.load_index(str(path), max_elements=0)
-    if extra:
-        index.resize_index(index.get_current_count() + extra)
+    index.load_index(str(path), max_elements=capacity)
     return index
 
 
@@ -69,8 +72,9 @@ class VectorIndex:
     """Indexed records' vectors, looked up by record id."""
 
     def __init__(self, ids: list[str], hashes: list[str], vectors: np.ndarray,
-                 hnsw_path: Path | None = None, ef_search: int = 100):
+                 hnsw_path: Path | None = None, ef_search: int = 100, vectors_path: Path | None = None):
         self.ids = ids
+        self.vectors_path = vectors_path
         self.hashes = hashes
         self.vectors = vectors
         self.label_of = {rid: i for i, rid in enumerate(ids)}

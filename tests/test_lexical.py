@@ -101,3 +101,42 @@ def test_self_score_is_the_query_scored_as_an_average_document():
     assert engine.self_score(["absent"]) == 0.0
     once = engine.self_score(["service"])
     assert once < engine.self_score(["service", "service"]) < 2 * once
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_words = st.lists(st.sampled_from(["alpha", "beta", "gamma", "delta", "cache", "release", "jwt", "ci"]), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(docs=st.lists(_words, min_size=1, max_size=30), cuts=st.lists(st.integers(0, 30), max_size=4),
+       merge_min=st.sampled_from([0, 1, 5, 1024]), query=_words)
+def test_postings_equal_rank_bm25_across_appends_and_merges(docs, cuts, merge_min, query):
+    """However documents arrive (batches, merges of the delta into the base, a save and reload),
+    the scores are rank-bm25's."""
+    from nubos_memory.lexical import PostingsBM25
+
+    class Eager(PostingsBM25):
+        MERGE_MIN = merge_min
+        MERGE_FRACTION = 0.0
+
+    engine = Eager()
+    bounds = sorted({0, len(docs), *[min(c, len(docs)) for c in cuts]})
+    for a, b in zip(bounds, bounds[1:]):
+        engine.add(docs[a:b])
+    expected = RankBM25Scorer(docs).scores(query)
+    assert engine.scores(query) == pytest.approx(expected, abs=1e-9)
+    half = len(docs) // 2
+    reloaded = Eager.from_arrays(*_saved(docs[:half]))
+    reloaded.add(docs[half:])
+    assert reloaded.scores(query) == pytest.approx(expected, abs=1e-9)
+    assert reloaded.self_score(query) == pytest.approx(RankBM25Scorer(docs).self_score(query))
+
+
+def _saved(docs):
+    from nubos_memory.lexical import PostingsBM25
+
+    engine = PostingsBM25()
+    engine.add(docs)
+    return engine.arrays()

@@ -56,10 +56,36 @@ def test_rebuild_is_byte_identical_and_reports(filled):
 
 
 def test_incremental_adds_match_rebuild_results(filled):
+    # Appends in several commits: each generation copies the previous rows and adds its own.
+    for i in range(3):
+        extra = [rec(f"appended {i} {j}", f"widget topic {j}", id=f"app{i}{j}") for j in range(4)]
+        assert index_records(filled, extra).code == 0
+    files, manifest = derived(filled)
+    assert manifest["appended_to"] is not None and manifest["covers"]["count"] == 52
+    incremental = sha(files["vectors"])
     before = query(filled, "widget 7 topic").json["hits"]
     run_cli(["memory-rebuild", "--root", str(filled)])
     after = query(filled, "widget 7 topic").json["hits"]
     assert [(h["id"], h["score"]) for h in before] == [(h["id"], h["score"]) for h in after]
+    files, manifest = derived(filled)
+    assert manifest["appended_to"] is None
+    assert sha(files["vectors"]) == incremental  # the appended file is exactly what a rebuild writes
+
+
+def test_a_warm_reader_follows_appended_generations(filled):
+    """A long-lived Memory keeps its label mapping across appends by other writers and still
+    finds every record, old and new, by its vector."""
+    from nubos_memory import Memory
+
+    reader = Memory.open(filled)
+    assert reader.query("widget 3", k=3)["degraded"] is None
+    for i in range(2):
+        assert index_records(filled, [rec(f"zebra crossing {i}", "stripes", id=f"z{i}")]).code == 0
+        res = reader.query(f"zebra crossing {i}", k=2)
+        assert res["hits"][0]["id"] == f"z{i}" and res["hits"][0]["retrieval"] == "hybrid"
+        assert res["counts"]["pending"] == 0
+    _, labels = reader.snap.vectors()[1:]
+    assert (labels >= 0).all() and len(set(labels.tolist())) == len(labels)
 
 
 def test_stats_report_and_empty_store(project, filled):

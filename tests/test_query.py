@@ -9,7 +9,7 @@ import pytest
 from nubos_memory import Memory
 from nubos_memory.fusion import Candidate, bm25_normaliser, fuse_alpha, fuse_rrf
 
-from .conftest import index_records, query, rec, run_cli, write_config
+from .conftest import index_records, query, rec, run_cli, run_sub, write_config
 
 CORPUS = [
     rec("Stripe webhooks arrive out of order", "Use the event id as idempotency key.", id="w1",
@@ -184,3 +184,18 @@ def test_normaliser_does_not_inflate_weak_best():
     assert bm25_normaliser(best=10.0, self_score=6.0) == 10.0  # strong best match → 1.0
     assert bm25_normaliser(best=1.0, self_score=6.0) == 6.0  # weak best: 1/6, not 1.0
     assert bm25_normaliser(best=0.0, self_score=0.0) > 0  # never divides by zero
+
+
+def test_lexical_cache_is_saved_in_steps_and_cold_readers_see_every_record(project):
+    """A write rewrites the persisted lexical index only once enough records are missing from it;
+    a fresh process tokenises the rest, so nothing written is ever unfindable."""
+    meta = project / ".nubos-pilot/memory/lexical.json"
+    assert index_records(project, [rec(f"bulk note {i}", f"filler text {i}") for i in range(100)]).code == 0
+    assert json.loads(meta.read_text())["count"] == 100
+    add = run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "zanzibar ferry times"])
+    assert add.code == 0
+    assert json.loads(meta.read_text())["count"] == 100  # one record: not worth rewriting the index
+    fresh = run_sub(["memory-query", "--root", str(project), "--mode", "lexical", "zanzibar"])
+    assert fresh.json["hits"][0]["id"] == add.json["id"]
+    assert index_records(project, [rec(f"more {i}", "x") for i in range(64)]).code == 0
+    assert json.loads(meta.read_text())["count"] == 165
