@@ -173,6 +173,7 @@ def main() -> None:
         print(f"# index throughput ({shape}): " + json.dumps(row), flush=True)
 
     qvecs = st.embed(queries)
+    model = st._load()
     for n in sizes:
         if n <= len(base):
             recs = base[:n]
@@ -187,16 +188,21 @@ def main() -> None:
         row["build_s"] = build_s
         mem._embedder = st  # queries embed for real
         mem.query("warm up the model")
-        lat = []
+        # Hybrid queries and the raw model on the same 200 query texts, interleaved, so that both
+        # see the same machine load; their difference is what the product adds to the embedding.
+        lat, raw = [], []
         for q in queries:
             t = time.perf_counter()
             mem.query(q, k=10)
             lat.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            model.encode([q], normalize_embeddings=True, show_progress_bar=False)
+            raw.append((time.perf_counter() - t) * 1000)
         row["hybrid_warm_ms"] = {"p50": p(lat, 50), "p95": p(lat, 95)}
-        lat_lex = timed(lambda: mem.query(queries[0], k=10, mode="lexical"), 50)
+        row["raw_encode_query_ms_p50"] = p(raw, 50)
+        row["hybrid_minus_raw_encode_ms_p50"] = p([a - b for a, b in zip(lat, raw)], 50)
+        lat_lex = [timed(lambda q=q: mem.query(q, k=10, mode="lexical"), 1)[0] for q in queries]
         row["lexical_warm_ms_p50"] = p(lat_lex, 50)
-        # Raw libraries on the same data.
-        row["raw_encode_query_ms_p50"] = p(timed(lambda: st.embed([queries[1]]), 50), 50)
         _, index, _ = mem.snap.vectors()
         vecs = np.asarray(index.vectors)
         graph = index.hnsw()
@@ -289,14 +295,15 @@ def main() -> None:
 def print_tables(results: dict) -> None:
     """The tables docs/benchmarks.md records: measurements, then targets with pass/fail."""
     sizes = results["sizes"]
-    print("\n| records | hybrid warm p50 / p95 ms | lexical warm p50 ms | raw query encode p50 ms "
+    print("\n| records | hybrid warm p50 / p95 ms | raw query encode p50 ms | hybrid − encode p50 ms | lexical warm p50 ms "
           "| top-100 exact / HNSW ms | raw hnsw k=10 ms | numpy exact k=10 ms | HNSW recall@10 (k=10 / in pool) "
           "| rank-bm25 / postings / bm25s ms | warm memory-add ms | rebuild cached s | cold stats / lexical query ms "
           "| python start ms | warm peak RSS MB |")
-    print("|" + "---|" * 14)
+    print("|" + "---|" * 15)
     for n, r in sizes.items():
         print(f"| {int(n):,} | {r['hybrid_warm_ms']['p50']:.1f} / {r['hybrid_warm_ms']['p95']:.1f} "
-              f"| {r['lexical_warm_ms_p50']:.1f} | {r['raw_encode_query_ms_p50']:.1f} "
+              f"| {r['raw_encode_query_ms_p50']:.1f} | {r['hybrid_minus_raw_encode_ms_p50']:.1f} "
+              f"| {r['lexical_warm_ms_p50']:.1f} "
               f"| {r['top100_exact_ms_p50']:.2f} / {r['top100_hnsw_ms_p50']:.2f} | {r['raw_hnsw_ms_p50']:.2f} "
               f"| {r['raw_numpy_exact_ms_p50']:.2f} | {r['hnsw_recall@10']:.3f} / {r['hnsw_pool_recall@10']:.3f} "
               f"| {r['raw_rank_bm25_ms_p50']:.1f} / {r['postings_bm25_ms_p50']:.2f} / {r.get('bm25s_ms_p50', float('nan')):.2f} "
@@ -320,8 +327,8 @@ def print_tables(results: dict) -> None:
     for n, limit in (("10000", 15), ("100000", 25)):
         r = get(n) or get(int(n))
         if r:
-            check(f"hybrid warm p50 @ {int(n):,}", r["hybrid_warm_ms"]["p50"], f"<= {limit} ms",
-                  r["hybrid_warm_ms"]["p50"] <= limit, " ms")
+            check(f"hybrid warm p50 @ {int(n):,} (raw encode alone: {r['raw_encode_query_ms_p50']:.1f} ms)",
+                  r["hybrid_warm_ms"]["p50"], f"<= {limit} ms", r["hybrid_warm_ms"]["p50"] <= limit, " ms")
     short = results["index_throughput"].get("short")
     if short:
         check("index throughput vs raw encode (same pieces)", short["ratio_vs_same_pieces"], ">= 0.9x",

@@ -570,21 +570,21 @@ def check_against_product(data: Data, lex: Lexical, cos: np.ndarray, pools_by_ro
         terms = tokenize(data.q_texts[r])
         prod = scorer.scores(terms)
         assert np.allclose(prod, lex.raw[r], rtol=1e-9, atol=1e-9), r
-        assert math.isclose(scorer.upper_bound(terms), lex.ub[r], rel_tol=1e-9)
+        assert math.isclose(scorer.self_score(terms), lex.self[r], rel_tol=1e-9)
         p = pools_by_row[r]
-        div = bm25_normaliser(lex.best[r], lex.ub[r], 0.5)
+        div = bm25_normaliser(lex.best[r], lex.self[r])  # the product's normalisation: "maxself"
         for alpha, thr in ((0.6, 0.3), (0.3, 0.0), (0.5, 0.5)):
             cands = [Candidate(position=int(d), lexical_raw=float(s), lexical_norm=float(s) / div, cosine=float(c),
                                lexical_rank=int(lr) or None, vector_rank=int(vr) or None)
                      for d, s, c, lr, vr in zip(p.pos, p.raw, p.cos, p.lex_rank, p.vec_rank)]
             kept = fuse_alpha(cands, alpha, thr)
             kept.sort(key=lambda c: (-c.score, c.position))
-            mine = fuse_ranked(p, normalised(lex, r, p, "max0.5"), alpha, thr)[0]
+            mine = fuse_ranked(p, normalised(lex, r, p, "maxself"), alpha, thr)[0]
             assert [c.position for c in kept[:10]] == mine.tolist(), (r, alpha)
             kept = fuse_rrf(cands, thr)
             kept.sort(key=lambda c: (-c.score, c.position))
             assert [c.position for c in kept[:10]] == rrf_ranked(p, thr)[0].tolist(), (r, "rrf")
-    log("consistency check against nubos_memory (BM25 scores, U(q), fuse_alpha, fuse_rrf): ok")
+    log("consistency check against nubos_memory (BM25 scores, S(q), fuse_alpha, fuse_rrf): ok")
 
 
 # --------------------------------------------------------------------- reporting

@@ -199,3 +199,28 @@ def test_lexical_cache_is_saved_in_steps_and_cold_readers_see_every_record(proje
     assert fresh.json["hits"][0]["id"] == add.json["id"]
     assert index_records(project, [rec(f"more {i}", "x") for i in range(64)]).code == 0
     assert json.loads(meta.read_text())["count"] == 165
+
+
+def test_hnsw_path_gives_the_exact_answer_on_a_small_memory(project, monkeypatch):
+    """Above EXACT_LIMIT candidates come from the HNSW graph; on a memory smaller than ef the
+    graph search is exhaustive, so the hits must be exactly the exact scan's."""
+    import nubos_memory.vector_index as vi
+
+    records = [rec(f"note {i} on {w}", f"{w} details {i}", id=f"h{i}") for i, w in
+               enumerate(["cache", "release", "jwt", "webhook", "invoice", "flags"] * 8)]
+    assert index_records(project, records).code == 0
+    questions = ["release cache", "webhook retries", "flags for invoices", "zzz unrelated"]
+    exact = [query(project, "--explain", q).json["hits"] for q in questions]
+    calls = []
+    real_knn = vi.VectorIndex.hnsw
+
+    def spy(self):
+        calls.append(1)
+        return real_knn(self)
+
+    monkeypatch.setattr(vi, "EXACT_LIMIT", 0)
+    monkeypatch.setattr(vi.VectorIndex, "hnsw", spy)
+    approx = [query(project, "--explain", q).json["hits"] for q in questions]
+    assert calls, "the HNSW path was not taken"
+    assert [[(h["id"], h["score"]) for h in hits] for hits in approx] == \
+        [[(h["id"], h["score"]) for h in hits] for hits in exact]
