@@ -113,7 +113,7 @@ def make_memory(root: Path, embedder: Embedder, records: list[dict]) -> tuple[Me
     mem = Memory.open(root, embedder=embedder)
     t = time.perf_counter()
     for i in range(0, len(records), 10_000):
-        mem.index([{"type": "research", **r} for r in records[i:i + 10_000]])
+        mem.index([{"type": "research", **r} for r in records[i:i + 10_000]], force=True)
     return mem, time.perf_counter() - t
 
 
@@ -166,7 +166,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             mem, _ = make_memory(Path(d), st, [])
             t = time.perf_counter()
-            mem.index(sample)
+            mem.index(sample, force=True)
             prod_s = time.perf_counter() - t
         raw_pieces.append(raw_pass(pieces))  # raw passes before and after the product's: the faster counts
         raw_trunc.append(raw_pass(texts))

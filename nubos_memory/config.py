@@ -44,6 +44,7 @@ class MemoryConfig:
     hnsw_m: int = 16
     hnsw_ef_construction: int = 200
     hnsw_ef_search: int = 100
+    near_duplicate: float | None = 0.90  # cosine at which a new record is a near duplicate (adr/0009); null: off
 
     @property
     def record_types(self) -> tuple[str, ...]:
@@ -115,6 +116,8 @@ def _validate(raw: dict[str, Any]) -> MemoryConfig:
             value = _number(key, value, 2, 128, integer=True)
         elif key in ("hnsw_ef_construction", "hnsw_ef_search"):
             value = _number(key, value, 1, 10_000, integer=True)
+        elif key == "near_duplicate":
+            value = None if value is None else float(_number(key, value, 0.5, 1.0))
         out[key] = value
     return MemoryConfig(**out)
 

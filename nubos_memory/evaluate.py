@@ -201,7 +201,7 @@ def evaluate(source_config: dict[str, Any], folder: Path, *, split: str = "test"
         start = time.perf_counter()
         batch = 512
         for i in range(0, len(records), batch):
-            mem.index(records[i : i + batch], verb="memory-eval")
+            mem.index(records[i : i + batch], verb="memory-eval", force=True)  # the corpus as it is
             if progress:
                 progress("index", min(i + batch, len(records)), len(records))
         index_s = time.perf_counter() - start

@@ -21,7 +21,7 @@ from .lexical import PostingsBM25
 from .tokenize import TOKENIZER_VERSION
 
 MANIFEST = "lexical.json"
-FORMAT = 1
+FORMAT = 2
 
 
 def prefix_sha256(path: Path, offset: int) -> str:
@@ -43,7 +43,11 @@ class LexicalCache:
         self.log_path = log_path
 
     def load(self, max_records: int) -> tuple[PostingsBM25, int] | None:
-        """The saved engine and the log offset it covers, if still valid; else None."""
+        """The saved engine and the log offset it covers, if still valid; else None.
+
+        Its removed documents are the records that died within the covered bytes;
+        deaths recorded after them are applied by the caller.
+        """
         try:
             meta = loads((self.folder / MANIFEST).read_bytes())
             if meta.get("format") != FORMAT or meta.get("tokenizer") != TOKENIZER_VERSION:
@@ -53,7 +57,7 @@ class LexicalCache:
                 return None
             name = Path(str(meta["file"])).name
             with np.load(self.folder / name, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in ("indptr", "docs", "tfs", "df", "doc_len")}
+                arrays = {k: z[k] for k in ("indptr", "docs", "tfs", "df", "doc_len", "removed", "removed_df")}
                 vocab = bytes(z["vocab"]).decode("utf-8")
             terms = vocab.split("\n") if vocab else []
             if len(arrays["doc_len"]) != count or len(terms) != len(arrays["df"]):

@@ -91,7 +91,10 @@ class PostingsBM25:
     merged in, with numpy, so appends never rebuild the index term by term.
     Only raw term frequencies and lengths are stored: idf and the average
     length are taken at query time, so appending never invalidates a score.
-    ``arrays``/``from_arrays`` persist it without pickle (``lexcache.py``).
+    ``remove`` takes a document out of the statistics (document count, df,
+    average length) and out of the scores, so they equal those of an index
+    built without it.  ``arrays``/``from_arrays`` persist it without pickle
+    (``lexcache.py``).
     """
 
     MERGE_MIN = 1024
@@ -107,10 +110,30 @@ class PostingsBM25:
         self._delta_docs = 0
         self.doc_len = np.zeros(0, dtype=np.float64)
         self._norm: np.ndarray | None = None  # k1·(1 − b + b·len/avgdl) for the current size
+        self.removed: set[int] = set()
+        self._removed_df: dict[int, int] = {}  # term id -> removed documents holding it
+        self._removed_len = 0.0
 
     @property
     def size(self) -> int:
+        """Documents ever added (doc ids run 0..size-1), removed ones included."""
         return int(len(self.doc_len))
+
+    @property
+    def live(self) -> int:
+        return self.size - len(self.removed)
+
+    def remove(self, doc: int, tokens: Sequence[str]) -> None:
+        """Take document ``doc`` (added with ``tokens``) out of every statistic and score."""
+        if doc in self.removed or not 0 <= doc < self.size:
+            return
+        self.removed.add(doc)
+        for tok in set(tokens):
+            tid = self.vocab.get(tok)
+            if tid is not None:
+                self._removed_df[tid] = self._removed_df.get(tid, 0) + 1
+        self._removed_len += float(self.doc_len[doc])
+        self._norm = None
 
     def add(self, docs: Sequence[Sequence[str]]) -> None:
         """Append tokenised documents (doc ids continue from ``size``)."""
@@ -169,24 +192,44 @@ class PostingsBM25:
     def _df(self, tid: int) -> int:
         base = int(self._base_df[tid]) if tid < len(self._base_df) else 0
         extra = self._delta.get(tid)
-        return base + (len(extra[0]) if extra else 0)
+        return base + (len(extra[0]) if extra else 0) - self._removed_df.get(tid, 0)
+
+    def document_frequency(self, term: str) -> int:
+        """Live documents holding ``term``."""
+        tid = self.vocab.get(term)
+        return 0 if tid is None else self._df(tid)
+
+    def postings(self, term: str) -> np.ndarray:
+        """Ids of the documents holding ``term`` (removed ones included)."""
+        tid = self.vocab.get(term)
+        if tid is None:
+            return np.zeros(0, dtype=np.int64)
+        parts = []
+        if tid < len(self._indptr) - 1:
+            parts.append(self._docs[self._indptr[tid]:self._indptr[tid + 1]].astype(np.int64))
+        extra = self._delta.get(tid)
+        if extra:
+            parts.append(np.asarray(extra[0], dtype=np.int64))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def idf(self, term: str) -> float:
         tid = self.vocab.get(term)
-        if tid is None or not self.size:
+        if tid is None or not self.live:
             return 0.0
         df = self._df(tid)
-        return math.log(1.0 + (self.size - df + 0.5) / (df + 0.5))
+        if df <= 0:
+            return 0.0  # only removed documents held it
+        return math.log(1.0 + (self.live - df + 0.5) / (df + 0.5))
 
     def self_score(self, terms: Sequence[str]) -> float:
         return self_score(self.idf, terms)
 
     def scores(self, terms: Sequence[str]) -> np.ndarray:
         out = np.zeros(self.size, dtype=np.float64)
-        if not self.size:
+        if not self.live:
             return out
         if self._norm is None:
-            avgdl = float(self.doc_len.mean()) or 1.0
+            avgdl = (float(self.doc_len.sum()) - self._removed_len) / self.live or 1.0
             self._norm = K1 * (1.0 - B + B * self.doc_len / avgdl)
         norm = self._norm
         for term in dict.fromkeys(terms):
@@ -204,6 +247,8 @@ class PostingsBM25:
             for docs, tf32 in parts:
                 tf = tf32.astype(np.float64)
                 out[docs] += idf * tf * (K1 + 1.0) / (tf + norm[docs])
+        if self.removed:
+            out[np.fromiter(self.removed, dtype=np.int64, count=len(self.removed))] = 0.0
         return out
 
     # -- persistence as plain arrays (no pickle) -----------------------------------
@@ -213,8 +258,12 @@ class PostingsBM25:
         terms = [""] * len(self.vocab)
         for term, tid in self.vocab.items():
             terms[tid] = term
+        removed_df = np.zeros(len(self.vocab), dtype=np.int32)
+        for tid, n in self._removed_df.items():
+            removed_df[tid] = n
         return terms, {"indptr": self._indptr, "docs": self._docs, "tfs": self._tfs,
-                       "df": self._base_df.astype(np.int32), "doc_len": self.doc_len}
+                       "df": self._base_df.astype(np.int32), "doc_len": self.doc_len,
+                       "removed": np.array(sorted(self.removed), dtype=np.int64), "removed_df": removed_df}
 
     @classmethod
     def from_arrays(cls, terms: list[str], arrays: dict[str, np.ndarray]) -> "PostingsBM25":
@@ -225,4 +274,9 @@ class PostingsBM25:
         self._tfs = np.asarray(arrays["tfs"], dtype=np.float32)
         self._base_df = np.diff(self._indptr)
         self.doc_len = np.asarray(arrays["doc_len"], dtype=np.float64)
+        removed = arrays.get("removed")
+        if removed is not None and len(removed):
+            self.removed = set(int(d) for d in removed)
+            self._removed_df = {int(t): int(n) for t, n in enumerate(arrays["removed_df"]) if n}
+            self._removed_len = float(self.doc_len[np.asarray(removed, dtype=np.int64)].sum())
         return self

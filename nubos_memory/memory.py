@@ -22,7 +22,8 @@ from .errors import (
 from .fsio import DIR_MODE, atomic_write_bytes, dumps, ensure_dir
 from .lexcache import LexicalCache
 from .lock import WriteLock
-from .recordlog import LogScan, RecordLog
+from .recordlog import LogScan, RecordLog, forget_op
+from .records import _ID as _RECORD_ID
 from .records import SCHEMA_VERSION, embed_text, validate_batch
 from .snapshot import Snapshot
 from .vector_index import HnswParams, VectorIndex
@@ -58,6 +59,7 @@ class VectorState:
     extra: dict[int, Any] = field(default_factory=dict)  # position -> vector embedded, not persisted
     degraded: dict[str, Any] | None = None
     indexed: int = 0
+    embedded: int = 0
 
     def has_vector(self, pos: int) -> bool:
         return (self.labels is not None and pos < len(self.labels) and self.labels[pos] >= 0) or pos in self.extra
@@ -124,12 +126,15 @@ class Memory:
         return {**spec, "fingerprint": fingerprint_of(spec)}
 
     def _sync_vectors(self, positions: Any = None, *, must: Iterable[int] = (), cap: int,
-                      blocking: bool, verb: str) -> VectorState:
-        """Load the vector layer and embed+index the records (positions; None = all) it lacks.
+                      blocking: bool, verb: str, precomputed: dict[int, Any] | None = None) -> VectorState:
+        """Load the vector layer and embed+index the live records (positions; None = all) it lacks.
 
         ``must`` positions are always embedded (the records a write just
-        added); other missing records up to ``cap``.  Failures come back as
-        ``degraded``, never as exceptions: the records are already safe.
+        added); other missing records up to ``cap``.  ``precomputed`` vectors
+        (a write embedded them to look for near duplicates) and vectors of the
+        same text already in the index are reused, never re-embedded.
+        Failures come back as ``degraded``, never as exceptions: the records
+        are already safe.
         """
         import numpy as np
 
@@ -143,17 +148,26 @@ class Memory:
                     raise err
             labels = state.labels
             cand = np.arange(len(labels)) if positions is None else np.asarray(positions, dtype=np.int64)
-            missing = cand[labels[cand] < 0].tolist() if len(cand) else []
+            missing = cand[(labels[cand] < 0) & snap.alive[cand]].tolist() if len(cand) else []
             must = set(must)
             todo = [p for p in missing if p in must] + [p for p in missing if p not in must][:cap]
             if todo:
-                records = snap.scan.records  # type: ignore[union-attr]
-                vectors = self._embed([embed_text(records[p]) for p in todo])
-                if state.manifest is not None:
-                    err = self._mismatch(state.manifest, self.embedder.dim)
-                    if err:
-                        raise err
-                state.extra = dict(zip(todo, vectors))
+                known = dict(precomputed or {})
+                if state.index is not None:  # the same text already embedded (another id, an earlier life)
+                    for p in todo:
+                        label = state.index.label_of_hash(snap.hashes[p])
+                        if p not in known and label is not None:
+                            known[p] = state.index.vectors[label]
+                fresh = [p for p in todo if p not in known]
+                if fresh:
+                    records = snap.scan.records  # type: ignore[union-attr]
+                    known.update(zip(fresh, self._embed([embed_text(records[p]) for p in fresh])))
+                    if state.manifest is not None:
+                        err = self._mismatch(state.manifest, self.embedder.dim)
+                        if err:
+                            raise err
+                state.embedded = len(fresh)
+                state.extra = {p: known[p] for p in todo}
                 self._persist(state, todo, blocking=blocking, verb=verb)
         except (StoreError, EmbeddingError, RebuildRequired) as exc:
             state.degraded = _degraded(exc)
@@ -255,38 +269,147 @@ class Memory:
         rec_id = result["ids"][0] if result["ids"] else result["skipped_ids"][0]
         return {"id": rec_id, **result}
 
-    def index(self, raws: list[Any], *, verb: str = "memory-index") -> dict[str, Any]:
-        """Validate a batch whole, append the new records durably, then index them."""
+    def index(self, raws: list[Any], *, verb: str = "memory-index", force: bool = False) -> dict[str, Any]:
+        """Validate a batch whole, append the new records durably, then index them (``memory-index``).
+
+        Records whose id is live are skipped; exact and near duplicates of live
+        records are reported as ``duplicates`` and not stored, unless ``force``.
+        """
         self._require_enabled()
         records = validate_batch(raws, self.config.record_types)
+        return self._write(records, verb=verb, force=force)
+
+    def forget(self, ids: list[str], *, reason: str = "forgotten") -> dict[str, Any]:
+        """Retire records (``memory-forget``): a tombstone per id is appended; the log keeps the records,
+        results never show them again, the next rebuild drops their vectors."""
+        self._require_enabled()
+        if not ids:
+            raise UsageError("give at least one record id to forget")
+        bad = [i for i in ids if not isinstance(i, str) or not _RECORD_ID.match(i)]
+        if bad:
+            raise InputError(f"not a record id: {bad[0]!r}", code="record-invalid-id", details={"ids": bad[:20]})
+        out = self._write([], forget=list(dict.fromkeys(ids)), reason=reason, verb="memory-forget")
+        return {k: out[k] for k in ("forgotten", "already_retired", "recovered", "warnings")}
+
+    def _write(self, records: list[dict[str, Any]], *, verb: str, force: bool = False,
+               forget: list[str] = (), reason: str = "forgotten") -> dict[str, Any]:  # type: ignore[assignment]
+        """The one write path: decide what is new, append records and tombstones as one change, index.
+
+        Cheap decisions (existing id, exact fingerprint) are made first, so a
+        re-logged record embeds nothing; the rest is embedded outside the lock
+        (to look for near duplicates, and to be indexed); then, under the lock,
+        every decision is re-checked against the log as it is now and the
+        change is appended and fsynced before any derived file changes.
+        """
+        import numpy as np
+
+        from .dedup import fingerprint, find_exact, nearest, within_batch
+
         self._prepare_folder()
+        snap = self.snap
+        dupes: dict[int, dict[str, Any]] = {}  # batch index -> why it is not stored
+        vectors: dict[int, Any] = {}  # batch index -> its vector, when embedded ahead
+        degraded = None
+        scan = snap.refresh()
+        if records and not force:
+            seen: dict[str, int] = {}
+            lexical = snap.lexical_engine() if scan.live_count else None
+            for i, r in enumerate(records):
+                if scan.live(r["id"]) is not None:
+                    continue
+                fp = fingerprint(r)
+                if fp in seen:
+                    dupes[i] = {"duplicate_of": records[seen[fp]]["id"], "kind": "exact"}
+                    continue
+                seen[fp] = i
+                hit = find_exact(r, scan, lexical, snap.alive) if lexical is not None else None
+                if hit is not None:
+                    dupes[i] = {"duplicate_of": scan.records[hit]["id"], "kind": "exact"}
+            todo = [i for i, r in enumerate(records) if i not in dupes and scan.live(r["id"]) is None]
+            threshold = self.config.near_duplicate
+            if todo and threshold is not None:
+                try:
+                    manifest, index, labels = snap.vectors()
+                    mismatch = self._mismatch(manifest, None) if manifest is not None else None
+                    if mismatch:
+                        raise mismatch
+                    embedded = self._embed([embed_text(records[i]) for i in todo])
+                    vectors = dict(zip(todo, embedded))
+                    live_labels = labels[(labels >= 0) & snap.alive]
+                    near_labels, near_sims = nearest(embedded, index, live_labels)
+                    for i, label, sim in zip(todo, near_labels.tolist(), near_sims.tolist()):
+                        if sim >= threshold:
+                            pos = int(snap.positions_of(np.array([label]))[0])
+                            if pos >= 0:
+                                dupes[i] = {"duplicate_of": scan.records[pos]["id"], "kind": "near",
+                                            "similarity": round(sim, 4)}
+                    keep = np.array([i not in dupes for i in todo])
+                    for a, b, sim in within_batch(embedded, keep, threshold):
+                        dupes[todo[a]] = {"duplicate_of": records[todo[b]]["id"], "kind": "near",
+                                          "similarity": round(sim, 4)}
+                except (StoreError, EmbeddingError, RebuildRequired) as exc:
+                    degraded = _degraded(exc)  # no near-duplicate check; exact ones still hold
+
         with self.lock.hold(verb):
-            recovered = self.log.recover_tail()
-            scan = self.snap.refresh()
+            scan = snap.refresh()
+            recovered = self.log.recover_tail(scan)
+            if recovered:
+                scan = snap.refresh()
             before = len(scan.records)
-            seen = scan.position
-            new, skipped, batch_ids = [], [], set()
-            for r in records:
-                if r["id"] in seen or r["id"] in batch_ids:
+            new, new_index, skipped, batch_ids = [], [], [], set()
+            lexical = snap.lexical_engine() if records and not force and scan.live_count else None
+            for i, r in enumerate(records):
+                if scan.live(r["id"]) is not None or r["id"] in batch_ids:
                     skipped.append(r["id"])
-                else:
-                    batch_ids.add(r["id"])
-                    new.append(r)
-            self.log.append(new)
-            scan = self.snap.refresh()
+                    continue
+                if i in dupes:
+                    continue
+                if lexical is not None:  # another writer may have stored the same text meanwhile
+                    hit = find_exact(r, scan, lexical, snap.alive)
+                    if hit is not None:
+                        dupes[i] = {"duplicate_of": scan.records[hit]["id"], "kind": "exact"}
+                        continue
+                old = r.get("supersedes")
+                if old is not None and scan.live(old) is None and old not in batch_ids:
+                    raise InputError(f"record {i} supersedes {old!r}, which is not a live record; nothing was written",
+                                     code="record-supersedes-unknown",
+                                     details={"index": i, "id": r["id"], "supersedes": old, "written": 0})
+                batch_ids.add(r["id"])
+                new.append(r)
+                new_index.append(i)
+            ops, forgotten, already = [], [], []
+            if forget:
+                unknown = [rid for rid in forget if rid not in scan.position]
+                if unknown:
+                    raise InputError(f"no record has the id {unknown[0]!r}; nothing was forgotten",
+                                     code="record-not-found", details={"ids": unknown[:50], "written": 0})
+                for rid in forget:
+                    if scan.live(rid) is None:
+                        already.append(rid)
+                    else:
+                        ops.append(forget_op(rid, reason))
+                        forgotten.append(rid)
+            self.log.append(new, ops)
+            scan = snap.refresh()
             self._save_lexical()
-        must = range(before, len(scan.records))
-        state = self._sync_vectors(None, must=must, cap=self.config.max_pending_embed, blocking=True, verb=verb)
-        pending = (int((state.labels < 0).sum()) - len(state.extra)
+        positions = range(before, before + len(new))
+        precomputed = {p: vectors[i] for p, i in zip(positions, new_index) if i in vectors}
+        state = self._sync_vectors(None, must=positions, cap=self.config.max_pending_embed, blocking=True,
+                                   verb=verb, precomputed=precomputed)
+        pending = (int(((state.labels < 0) & snap.alive).sum()) - len(state.extra)
                    if state.degraded is None and state.labels is not None else None)
         return {
             "added": len(new),
             "skipped": len(skipped),
             "ids": [r["id"] for r in new],
             "skipped_ids": skipped,
+            "duplicates": [{"index": i, "id": records[i]["id"], **d} for i, d in sorted(dupes.items())],
+            "forgotten": forgotten,
+            "already_retired": already,
             "indexed": state.indexed,
+            "embedded": state.embedded + len(precomputed),
             "pending": pending,
-            "degraded": state.degraded,
+            "degraded": state.degraded or degraded,
             "recovered": recovered,
             "warnings": scan.warnings(),
         }
@@ -346,8 +469,11 @@ class Memory:
         self._require_enabled()
         self._prepare_folder()
         scan = self.snap.refresh()
-        count = len(scan.records)
-        hashes = self.snap.ensure_hashes()[:count]
+        all_hashes = self.snap.ensure_hashes()
+        live = [p for p in range(len(scan.records)) if p not in scan.dead]  # the dead are not indexed
+        records = [scan.records[p] for p in live]
+        hashes = [all_hashes[p] for p in live]
+        count = len(records)
         ours = self._our_embedding()
         reuse: dict[str, Any] = {}
         try:
@@ -359,7 +485,7 @@ class Memory:
         ]:
             reuse = {h: i for i, h in enumerate(current.hashes)}
         todo: dict[str, str] = {}
-        for r, h in zip(scan.records, hashes):
+        for r, h in zip(records, hashes):
             if h not in reuse and h not in todo:
                 todo[h] = embed_text(r)
         fresh = self._embed(list(todo.values()), progress)
@@ -379,7 +505,7 @@ class Memory:
             except StoreError:
                 previous = None
             new_manifest = self.cache.commit(
-                ids=[r["id"] for r in scan.records], hashes=hashes, vectors=vectors, embedding=ours,
+                ids=[r["id"] for r in records], hashes=hashes, vectors=vectors, embedding=ours,
                 params=self.params, alpha=self.config.alpha, previous=previous, base=None, rebuilt=True,
             )
             self.snap.lexical = None  # rebuild the lexical index from scratch too

@@ -76,13 +76,10 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
             with_vec = scope[labels[scope] >= 0]
             scored: list[tuple[float, int]] = []
             if index is not None and len(with_vec):
-                whole = allowed is None and len(with_vec) == len(records) == len(index)
+                whole = len(with_vec) == len(index)  # every row of the index is a candidate
                 top_labels, top_sims = index.top(q, n_cand, None if whole else labels[with_vec])
-                pos_of_label = {int(labels[p]): int(p) for p in with_vec} if not whole else None
-                for lb, sim in zip(top_labels.tolist(), top_sims.tolist()):
-                    p = pos_of_label.get(lb) if pos_of_label is not None else _label_pos(labels, lb)
-                    if p is not None:
-                        scored.append((sim, p))
+                top_pos = snap.positions_of(top_labels)
+                scored = [(sim, p) for p, sim in zip(top_pos.tolist(), top_sims.tolist()) if p >= 0]
             allowed_set = None if allowed is None else set(allowed.tolist())
             extra = [p for p in state.extra if allowed_set is None or p in allowed_set]
             scored += [(float(np.dot(state.extra[p], q)), p) for p in extra]
@@ -144,10 +141,3 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
         out["hits"].append(hit)
     return out
 
-
-def _label_pos(labels: np.ndarray, label: int) -> int | None:
-    """Position of ``label`` when every record is indexed in log order (the common, unfiltered case)."""
-    if 0 <= label < len(labels) and labels[label] == label:
-        return label
-    found = np.flatnonzero(labels == label)
-    return int(found[0]) if len(found) else None

@@ -1,12 +1,20 @@
-"""Record schema v1: validation of single records and whole batches.
+"""Record schema: validation of single records and whole batches.
 
-A record is one line of ``records.jsonl``::
+A record is one line of ``records.jsonl``.  Schema v1's fields are always
+written; v2 added optional ones, written only when set, so every v1 record is
+still a valid v2 record::
 
-    {"id", "type", "phase", "title", "body", "tags", "provenance", "created_at"}
+    {"id", "type", "phase", "title", "body", "tags", "provenance", "created_at",
+     "source_file"?, "chunk_index"?, "heading"?, "importance"?, "supersedes"?}
 
 Every field error has its own stable code (``record-invalid-type``,
 ``record-missing-title``, ...) and names the record by its position in the
 batch and its id.  A batch is validated whole before anything is written.
+
+Before a record is stored, reasoning blocks (``<think>…</think>``,
+``<scratch_pad>…</scratch_pad>``, unclosed ones too) are cut from its title
+and body: a model's private reasoning must never come back in a prompt.  A
+record that was only reasoning is refused (``record-only-reasoning``).
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ from typing import Any, Iterable
 
 from .errors import InputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FIELDS = ("id", "type", "phase", "title", "body", "tags", "provenance", "created_at")
+OPTIONAL_FIELDS = ("source_file", "chunk_index", "heading", "importance", "supersedes")
 PROVENANCES = ("VERIFIED", "CITED", "ASSUMED", "CACHED")
 
 MAX_ID = 128
@@ -30,11 +39,27 @@ MAX_PHASE = 128
 MAX_TAG = 64
 MAX_TAGS = 64
 MAX_BATCH = 100_000
+MAX_SOURCE = 1_024
+MAX_CHUNK_INDEX = 1_000_000
 
 EMBED_TEMPLATE = "{title}\n{body}"
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+_REASONING = r"(?:think|thinking|scratch_pad|scratchpad)"
+# A block, closed or not (an unclosed one runs to the end of the text) ...
+_REASONING_BLOCK = re.compile(rf"<({_REASONING})\b[^>]*>.*?(?:</\1\s*>|\Z)", re.I | re.S)
+# ... and a closing tag whose opening was cut off: everything before it was reasoning.
+_REASONING_TAIL = re.compile(rf"\A.*?</{_REASONING}\s*>", re.I | re.S)
+
+
+def strip_reasoning(text: str) -> str:
+    """``text`` without reasoning blocks (see module docstring)."""
+    if "<" not in text:
+        return text
+    out = _REASONING_TAIL.sub("", _REASONING_BLOCK.sub("", text))
+    return out.strip() if out != text else text
 
 
 def now_iso() -> str:
@@ -111,6 +136,35 @@ def _tags(value: Any) -> list[str]:
     return out
 
 
+def _optional(raw: dict[str, Any], out: dict[str, Any]) -> None:
+    """Validate the v2 optional fields present in ``raw`` into ``out``."""
+    source = raw.get("source_file")
+    if source is not None:
+        if not isinstance(source, str) or not source.strip() or len(source) > MAX_SOURCE or _CONTROL.search(source):
+            raise _Fail("record-invalid-source-file", f"source_file must be a path of 1-{MAX_SOURCE} characters",
+                        "source_file")
+        out["source_file"] = source
+    index = raw.get("chunk_index")
+    if index is not None:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= MAX_CHUNK_INDEX:
+            raise _Fail("record-invalid-chunk-index", "chunk_index must be a non-negative integer", "chunk_index")
+        out["chunk_index"] = index
+    heading = _single_line(raw.get("heading"), "heading", MAX_TITLE, required=False)
+    if heading is not None:
+        out["heading"] = heading
+    importance = raw.get("importance")
+    if importance is not None:
+        if isinstance(importance, bool) or not isinstance(importance, (int, float)) or not 0 <= importance <= 1:
+            raise _Fail("record-invalid-importance", "importance must be a number from 0 to 1", "importance")
+        out["importance"] = float(importance)
+    replaces = raw.get("supersedes")
+    if replaces is not None:
+        if not isinstance(replaces, str) or not _ID.match(replaces) or len(replaces) > MAX_ID:
+            raise _Fail("record-invalid-supersedes", "supersedes must be the id of the record this one replaces",
+                        "supersedes")
+        out["supersedes"] = replaces
+
+
 def _created_at(value: Any, stored: bool) -> str | None:
     if value is None:
         return None if stored else now_iso()
@@ -135,7 +189,7 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> dict[str, Any]:
     """
     if not isinstance(raw, dict):
         raise _Fail("record-not-object", "a record must be a JSON object", "record")
-    unknown = sorted(set(raw) - set(FIELDS))
+    unknown = sorted(set(raw) - set(FIELDS) - set(OPTIONAL_FIELDS))
     if unknown:
         raise _Fail("record-unknown-field", f"unknown field(s): {', '.join(map(str, unknown))}", unknown[0])
     rid = raw.get("id")
@@ -154,13 +208,20 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> dict[str, Any]:
     if not isinstance(rtype, str) or (allowed is not None and rtype not in allowed) or not rtype.isidentifier():
         expected = f"one of {list(allowed)}" if allowed is not None else "a word"
         raise _Fail("record-invalid-type", f"type must be {expected}, got {rtype!r}", "type")
-    title = _single_line(raw.get("title"), "title", MAX_TITLE, required=True)
-    body = raw.get("body")
+    title, body = raw.get("title"), raw.get("body")
     if body is None:
         body = ""
     if not isinstance(body, str):
         raise _Fail("record-invalid-body", "body must be a string", "body")
     _utf8(body, "body")
+    if types is not None and isinstance(title, str):  # a write: reasoning never reaches the store
+        _utf8(title, "title")
+        clean_title, clean_body = strip_reasoning(title), strip_reasoning(body)
+        if (clean_title, clean_body) != (title, body) and not clean_title.strip() and not clean_body.strip():
+            raise _Fail("record-only-reasoning", "the record holds only reasoning blocks (<think>, <scratch_pad>); "
+                        "nothing is stored", "record")
+        title, body = clean_title, clean_body
+    title = _single_line(title, "title", MAX_TITLE, required=True)
     if len(body) > MAX_BODY:
         raise _Fail("record-too-large", f"body is longer than {MAX_BODY} characters", "body")
     phase = _single_line(raw.get("phase"), "phase", MAX_PHASE, required=False)
@@ -171,7 +232,7 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> dict[str, Any]:
                 "record-invalid-provenance", f"provenance must be one of {list(PROVENANCES)} or null", "provenance"
             )
         prov = prov.upper()
-    return {
+    out = {
         "id": rid,
         "type": rtype,
         "phase": phase,
@@ -181,6 +242,10 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> dict[str, Any]:
         "provenance": prov,
         "created_at": _created_at(raw.get("created_at"), stored=types is None),
     }
+    _optional(raw, out)
+    if out.get("supersedes") == rid:
+        raise _Fail("record-invalid-supersedes", "a record cannot supersede itself", "supersedes")
+    return out
 
 
 def check_record(raw: Any, types: Iterable[str] | None) -> tuple[dict[str, Any] | None, dict[str, str] | None]:

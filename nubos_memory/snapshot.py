@@ -40,10 +40,15 @@ class Snapshot:
         self.hashes: list[str] = []
         self.lexical: PostingsBM25 | None = None
         self.lexical_saved = 0  # records covered by the persisted lexical cache
+        self.lexical_saved_deaths = 0  # deaths it had applied
+        self._lex_deaths = 0  # deaths applied to ``lexical``
         self.types: list[str] = []
         self.phases: list[str | None] = []
         self.tag_positions: dict[str, list[int]] = {}
+        self.alive = np.ones(0, dtype=bool)
+        self._alive_deaths = 0
         self.labels = np.zeros(0, dtype=np.int64)
+        self._inverse: np.ndarray | None = None
 
     def refresh(self) -> LogScan:
         """Re-read what changed in ``records.jsonl`` and extend per-record data."""
@@ -52,12 +57,18 @@ class Snapshot:
             self._reset()
             self._vec_key = None
         self.scan = scan
-        for pos in range(len(self.types), len(scan.records)):
+        start = len(self.types)
+        for pos in range(start, len(scan.records)):
             rec = scan.records[pos]
             self.types.append(rec["type"])
             self.phases.append(rec.get("phase"))
             for tag in rec.get("tags") or ():
                 self.tag_positions.setdefault(tag, []).append(pos)
+        if len(self.alive) < len(scan.records):
+            self.alive = np.concatenate([self.alive, np.ones(len(scan.records) - len(self.alive), dtype=bool)])
+        if self._alive_deaths < len(scan.deaths):
+            self.alive[scan.deaths[self._alive_deaths:]] = False
+            self._alive_deaths = len(scan.deaths)
         return scan
 
     def ensure_hashes(self) -> list[str]:
@@ -75,9 +86,16 @@ class Snapshot:
         if self.lexical is None:
             loaded = self.lexcache.load(len(scan.records))
             self.lexical, self.lexical_saved = (loaded[0], loaded[0].size) if loaded else (PostingsBM25(), 0)
+            self.lexical_saved_deaths = len(self.lexical.removed)
+            self._lex_deaths = 0
         engine = self.lexical
         if engine.size < len(scan.records):
             engine.add([tokenize(lexical_text(r)) for r in scan.records[engine.size:]])
+        if self._lex_deaths < len(scan.deaths):
+            for pos in scan.deaths[self._lex_deaths:]:
+                if pos not in engine.removed:
+                    engine.remove(pos, tokenize(lexical_text(scan.records[pos])))
+            self._lex_deaths = len(scan.deaths)
         return engine
 
     def save_lexical(self, force: bool = False) -> None:
@@ -90,18 +108,18 @@ class Snapshot:
         """
         engine = self.lexical_engine()
         n = len(self.scan.records) if self.scan is not None else 0
-        uncovered = n - self.lexical_saved
+        uncovered = (n - self.lexical_saved) + (len(engine.removed) - self.lexical_saved_deaths)
         if engine.size == n and uncovered > 0 and (force or uncovered >= max(LEXICAL_SAVE_MIN, n // 100)):
             self.lexcache.save(engine, self.scan.offset)  # type: ignore[union-attr]
-            self.lexical_saved = n
+            self.lexical_saved, self.lexical_saved_deaths = n, len(engine.removed)
 
     # -- filters -------------------------------------------------------------------
     def allowed(self, type_: str | None, phase: str | None, tags: list[str]) -> np.ndarray | None:
-        """Positions passing the filters, or None when there are no filters."""
+        """Live positions passing the filters, or None when every record qualifies."""
         if type_ is None and phase is None and not tags:
-            return None
+            return None if self.alive.all() else np.flatnonzero(self.alive)
         n = len(self.types)
-        mask = np.ones(n, dtype=bool)
+        mask = self.alive.copy()
         if type_ is not None:
             mask &= np.fromiter((t == type_ for t in self.types), dtype=bool, count=n)
         if phase is not None:
@@ -128,12 +146,24 @@ class Snapshot:
                 self._map(np.flatnonzero(self.labels < 0))  # an append kept every mapped row
             else:
                 self.labels = np.zeros(0, dtype=np.int64)
+            self._inverse = None
         n = len(self.ensure_hashes())
         if len(self.labels) < n:
             start = len(self.labels)
             self.labels = np.concatenate([self.labels, np.full(n - start, -1, dtype=np.int64)])
             self._map(range(start, n))
+            self._inverse = None
         return self.manifest, self.index, self.labels
+
+    def positions_of(self, labels: np.ndarray) -> np.ndarray:
+        """The record position of each label of the current generation (-1: none)."""
+        if self._inverse is None:
+            size = len(self.index) if self.index is not None else 0
+            inverse = np.full(size, -1, dtype=np.int64)
+            mapped = np.flatnonzero(self.labels >= 0)
+            inverse[self.labels[mapped]] = mapped  # a revived id's later (live) position wins
+            self._inverse = inverse
+        return self._inverse[labels]
 
     def _map(self, positions: Any) -> None:
         """Set each position's label in the current generation (-1: no vector for its text)."""

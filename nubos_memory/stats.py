@@ -48,10 +48,14 @@ def collect_stats(mem: "Memory") -> dict[str, Any]:
         fingerprint_match = err is None
         if err is not None:
             problems.append({"code": err.code, "message": err.message, "details": err.details})
-    live = {r["id"]: r for r in scan.records}
+    live_ids = scan.ids()
     keymap_ids = set(index.ids) if index is not None else set()
-    pending = len(scan.records) if labels is None else int((labels < 0).sum())
-    stale = len(keymap_ids - set(live))
+    alive = mem.snap.alive
+    pending = scan.live_count if labels is None else int(((labels < 0) & alive).sum())
+    retired_ids = {scan.records[p]["id"] for p in scan.dead} - live_ids
+    unknown = keymap_ids - live_ids
+    retired_in_index = len(unknown & retired_ids)  # expected after forget/supersede; rebuild drops them
+    stale = len(unknown) - retired_in_index  # vectors of ids the log does not hold at all (a hand edit)
     index_count = None
     if index is not None and index.hnsw_path is not None:
         index_count = hnsw_element_count(index.hnsw_path)
@@ -62,8 +66,12 @@ def collect_stats(mem: "Memory") -> dict[str, Any]:
     if scan.corrupt:
         problems.append({"code": "records-corrupt-line", "message": f"{len(scan.corrupt)} corrupt line(s) skipped"})
     embedding = (manifest or {}).get("embedding") or {}
+    reasons: dict[str, int] = {}
+    for info in scan.dead.values():
+        reasons[info["reason"]] = reasons.get(info["reason"], 0) + 1
     return {
-        "count": len(scan.records),
+        "count": scan.live_count,
+        "retired": {"total": len(scan.dead), "by_reason": reasons},
         "dim": embedding.get("dim") if manifest else mem.embedder.known_dim(),
         "model": embedding.get("model") or cfg.model if manifest else cfg.model,
         "provider": embedding.get("provider") or cfg.provider,
@@ -78,11 +86,12 @@ def collect_stats(mem: "Memory") -> dict[str, Any]:
         "hnsw": (manifest or {}).get("hnsw"),
         "fingerprint": embedding.get("fingerprint"),
         "consistency": {
-            "records": len(scan.records),
+            "records": scan.live_count,
             "keymap": keymap_count,
             "index": index_count if index_count is not None else (0 if manifest and not keymap_count else None),
             "pending": pending,
             "stale": stale,
+            "retired_in_index": retired_in_index,
             "corrupt_lines": scan.corrupt[:50],
             "corrupt_count": len(scan.corrupt),
             "duplicate_ids": scan.duplicates[:50],

@@ -21,6 +21,7 @@ import numpy as np
 
 EXACT_LIMIT = 5_000
 HNSW_SEED = 100
+OVERFETCH_MAX = 512  # HNSW still serves a query that excludes at most this many rows
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,19 @@ class VectorIndex:
         self.hashes = hashes
         self.vectors = vectors
         self.label_of = {rid: i for i, rid in enumerate(ids)}
+        self._label_of_hash: dict[str, int] | None = None
         self.hnsw_path = hnsw_path
         self.ef_search = ef_search
         self._hnsw: Any = None
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def label_of_hash(self, content_hash: str) -> int | None:
+        """A row whose embedded text had this content hash, if any (its vector can be reused)."""
+        if self._label_of_hash is None:
+            self._label_of_hash = {h: i for i, h in enumerate(self.hashes)}
+        return self._label_of_hash.get(content_hash)
 
     @property
     def dim(self) -> int:
@@ -99,17 +107,24 @@ class VectorIndex:
     def top(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Best ``k`` labels by cosine (optionally only among ``allowed`` labels).
 
-        Exact scan when a filter applies or the index is small; HNSW otherwise.
+        HNSW on a large index when at most ``OVERFETCH_MAX`` rows are excluded
+        (forgotten records, records whose text changed): it asks for that many
+        more and drops them.  An exact scan otherwise (small index, filters).
         """
         n = len(self)
         if n == 0 or k <= 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        if allowed is None and n > EXACT_LIMIT and self.hnsw_path is not None:
+        excluded = 0 if allowed is None else n - len(allowed)
+        if n > EXACT_LIMIT and self.hnsw_path is not None and excluded <= OVERFETCH_MAX:
             index = self.hnsw()
-            k = min(k, n)
-            index.set_ef(max(self.ef_search, k))
-            labels, dists = index.knn_query(query.reshape(1, -1), k=k, num_threads=1)
-            return labels[0].astype(np.int64), (1.0 - dists[0]).astype(np.float32)
+            want = min(k + excluded, n)
+            index.set_ef(max(self.ef_search, want))
+            labels, dists = index.knn_query(query.reshape(1, -1), k=want, num_threads=1)
+            labels, sims = labels[0].astype(np.int64), (1.0 - dists[0]).astype(np.float32)
+            if excluded:
+                keep = np.isin(labels, allowed)
+                labels, sims = labels[keep], sims[keep]
+            return labels[:k], sims[:k]
         rows = np.arange(n) if allowed is None else allowed
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)

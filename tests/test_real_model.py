@@ -52,8 +52,9 @@ def test_seed_example_with_default_settings(real):
 
 
 def test_rebuild_with_real_vectors_is_deterministic(real):
+    # Near-identical on purpose (one number differs): force past duplicate detection.
     real.index([{"type": "learning", "title": f"note {i}", "body": f"the cache layer {i} uses redis"}
-                for i in range(30)])
+                for i in range(30)], force=True)
 
     def digests():
         m = json.loads((real.folder / "manifest.json").read_text())
