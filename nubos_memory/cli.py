@@ -108,11 +108,10 @@ def _add(args: argparse.Namespace) -> Any:
         body = read_stdin(args) or ""
     record = {"type": args.type, "title": args.title, "body": body, "tags": _tags(args.tags),
               "phase": args.phase, "provenance": args.provenance}
-    if args.id is not None:
-        record["id"] = args.id
-    if args.created_at is not None:
-        record["created_at"] = args.created_at
-    return mem.add(record)
+    for key in ("id", "created_at", "supersedes", "importance"):
+        if getattr(args, key) is not None:
+            record[key] = getattr(args, key)
+    return mem.add(record, force=args.force)
 
 
 @_verb("memory-index", "add a batch of records from a JSON array or JSONL file ('-' for stdin)")
@@ -130,7 +129,7 @@ def _index(args: argparse.Namespace) -> Any:
     except OSError as exc:
         raise InputError(f"cannot read records file {path!r}: {exc.strerror}", code="records-file-unreadable",
                          details={"path": path}) from None
-    return mem.index(parse_batch(data, path))
+    return mem.index(parse_batch(data, path), force=args.force)
 
 
 @_verb("memory-query", "hybrid BM25 + vector search")
@@ -138,8 +137,29 @@ def _query(args: argparse.Namespace) -> Any:
     if args.text is not None and args.positional:
         raise UsageError("give the query as --text or positionally, not both")
     text = args.text if args.text is not None else (" ".join(args.positional) if args.positional else None)
-    return _memory(args).query(text, k=args.k, type=args.type, phase=args.phase, tags=_tags(args.tags),
-                               alpha=args.alpha, fusion=args.fusion, explain=args.explain, mode=args.mode)
+    result = _memory(args).query(text, k=args.k, type=args.type, phase=args.phase, tags=_tags(args.tags),
+                                 alpha=args.alpha, fusion=args.fusion, explain=args.explain, mode=args.mode,
+                                 max_tokens=args.max_tokens)
+    if args.format == "md":
+        from .context import render_markdown
+
+        return render_markdown(result)  # printed as text, not JSON
+    return result
+
+
+@_verb("memory-forget", "retire records by id (tombstones; the log stays append-only)")
+def _forget(args: argparse.Namespace) -> Any:
+    return _memory(args).forget(args.ids, reason=args.reason)
+
+
+@_verb("memory-compact", "rewrite records.jsonl without retired records (backup kept), then rebuild")
+def _compact(args: argparse.Namespace) -> Any:
+    return _memory(args).compact()
+
+
+@_verb("memory-prune", "retire never-retrieved records older than a window, e.g. --unused-for 90d")
+def _prune(args: argparse.Namespace) -> Any:
+    return _memory(args).prune(args.unused_for, dry_run=args.dry_run)
 
 
 @_verb("memory-rebuild", "rebuild the index, keymap and manifest from records.jsonl")
@@ -206,8 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--provenance", help="VERIFIED|CITED|ASSUMED|CACHED")
             p.add_argument("--id", help="record id (default: a new UUIDv4)")
             p.add_argument("--created-at", help="ISO-8601 timestamp (default: now)")
+            p.add_argument("--supersedes", help="id of the live record this one replaces (it leaves all results)")
+            p.add_argument("--importance", type=float, help="0..1; reorders near-ties in results (default: unset)")
+            p.add_argument("--force", action="store_true", help="store it even if it duplicates a live record")
         elif name == "memory-index":
             p.add_argument("--records-file", required=True, help="JSON array or JSONL file, '-' for stdin")
+            p.add_argument("--force", action="store_true", help="store duplicates of live records too")
+        elif name == "memory-forget":
+            p.add_argument("ids", nargs="+", metavar="ID", help="record ids to retire")
+            p.add_argument("--reason", default="forgotten", help="why (kept in the tombstone; default: forgotten)")
+        elif name == "memory-prune":
+            p.add_argument("--unused-for", required=True, help="window such as 90d, 12h or 2w")
+            p.add_argument("--dry-run", action="store_true", help="report what would be retired, retire nothing")
         elif name == "memory-query":
             p.add_argument("positional", nargs="*", metavar="TEXT", help="query text (or --text)")
             p.add_argument("--text")
@@ -220,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--explain", action="store_true", help="show each hit's score parts")
             p.add_argument("--mode", choices=("hybrid", "lexical", "vector"), default="hybrid",
                            help="rank by both signals (default) or by one only; lexical never loads the model")
+            p.add_argument("--max-tokens", type=int, help="keep the best hits that fit this many tokens (chars/4)")
+            p.add_argument("--format", choices=("json", "md"), default="json",
+                           help="json (default) or md: a markdown context block ready to inject")
         elif name == "memory-serve":
             p.add_argument("--idle-timeout", type=float, default=0.0,
                            help="stop after this many seconds without a request (default: never)")
@@ -235,7 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _emit(stream: Any, doc: Any) -> None:
-    stream.write(dumps(doc).decode("utf-8") + "\n")
+    """One JSON document, or a verb's text answer as it is (``memory-query --format md``)."""
+    stream.write(doc if isinstance(doc, str) else dumps(doc).decode("utf-8") + "\n")
     stream.flush()
 
 
@@ -279,7 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-FORWARDED = ("memory-add", "memory-index", "memory-query", "memory-rebuild", "memory-stats")
+FORWARDED = ("memory-add", "memory-index", "memory-query", "memory-rebuild", "memory-stats", "memory-forget",
+             "memory-compact", "memory-prune")
 
 
 def execute_prepared(args: argparse.Namespace, forward: Callable[[argparse.Namespace], Any]) -> tuple[int, str, Any]:

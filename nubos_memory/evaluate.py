@@ -222,7 +222,7 @@ def evaluate(source_config: dict[str, Any], folder: Path, *, split: str = "test"
             for n, qid in enumerate(judged, start=1):
                 t = time.perf_counter()
                 try:
-                    res = mem.query(queries[qid], k=depth, **kwargs)
+                    res = mem.query(queries[qid], k=depth, track=False, **kwargs)
                 except InputError:  # an empty query text in the dataset: no hits
                     res = {"hits": [], "degraded": None}
                 latencies.append((time.perf_counter() - t) * 1000)

@@ -15,6 +15,12 @@ best match maps to 1.0, a weak best match is not inflated to 1.0 (see
 adr/0002 for the SciFact numbers).
 
 ``rrf`` fusion: Σ 1/(k + rank) over the lists that hold the candidate, k=60.
+
+``importance`` (a record's 0–1 weight, e.g. from a memory file's frontmatter)
+multiplies the fused score by ``0.9 + 0.2·importance`` (1.0 when unset).  It is
+applied after fusion and the threshold, so it never brings in a record that
+fusion did not keep, and it can only swap two hits whose fused scores are
+within a factor of 1.1/0.9 ≈ 1.22 of each other (adr/0009).
 """
 
 from __future__ import annotations
@@ -22,6 +28,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RRF_K = 60
+IMPORTANCE_SPAN = 0.2  # factor range: 1 ± span/2
+
+
+def importance_factor(importance: float | None) -> float:
+    """The bounded multiplier a record's importance applies to its fused score."""
+    if importance is None:
+        return 1.0
+    return 1.0 - IMPORTANCE_SPAN / 2 + IMPORTANCE_SPAN * min(max(float(importance), 0.0), 1.0)
 
 
 def bm25_normaliser(best: float, self_score: float) -> float:

@@ -10,7 +10,10 @@ new generation (see ``cache.py``).
 from __future__ import annotations
 
 import os
+import shutil
+import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
 from .cache import DerivedCache
@@ -26,6 +29,7 @@ from .recordlog import LogScan, RecordLog, forget_op
 from .records import _ID as _RECORD_ID
 from .records import SCHEMA_VERSION, embed_text, validate_batch
 from .snapshot import Snapshot
+from .usage import Usage, parse_duration
 from .vector_index import HnswParams, VectorIndex
 
 RECORDS = "records.jsonl"
@@ -43,6 +47,21 @@ GITIGNORE = """# nubos-memory: everything here but the source of truth is a deri
 GITATTRIBUTES = "records.jsonl merge=union\n"
 
 Progress = Callable[[int, int], None]
+
+
+def _epoch(value: Any) -> float | None:
+    """Seconds since the epoch of an ISO-8601 timestamp with a zone, else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed.timestamp() if parsed.tzinfo is not None else None
+
+
+def _iso(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _degraded(exc: NubosMemoryError) -> dict[str, Any]:
@@ -76,6 +95,7 @@ class Memory:
         self.cache = DerivedCache(self.folder)
         self.lock = WriteLock(self.folder, self.config.lock_timeout)
         self.snap = Snapshot(self.log, self.cache, LexicalCache(self.folder, self.folder / RECORDS))
+        self.usage = Usage(self.folder)
         self._embedder = embedder
         self.params = HnswParams(self.config.hnsw_m, self.config.hnsw_ef_construction, self.config.hnsw_ef_search)
 
@@ -254,6 +274,7 @@ class Memory:
         atomic_write_bytes(self.project.config_path, dumps(doc, pretty=True) + b"\n")
         self.config = config
         self._prepare_folder()
+        self.usage.start()
         return {
             "initialized": True,
             "root": str(self.project.root),
@@ -263,11 +284,16 @@ class Memory:
             "config": config.to_dict(),
         }
 
-    def add(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Add one record (``memory-add``)."""
-        result = self.index([record], verb="memory-add")
-        rec_id = result["ids"][0] if result["ids"] else result["skipped_ids"][0]
-        return {"id": rec_id, **result}
+    def add(self, record: dict[str, Any], *, force: bool = False) -> dict[str, Any]:
+        """Add one record (``memory-add``).  ``id`` in the answer is the record that holds it:
+        the new one, or the live record it duplicates (``duplicate_of``)."""
+        result = self.index([record], verb="memory-add", force=force)
+        if result["ids"]:
+            return {"id": result["ids"][0], "duplicate_of": None, **result}
+        if result["duplicates"]:
+            dup = result["duplicates"][0]
+            return {"id": dup["duplicate_of"], "duplicate_of": dup["duplicate_of"], **result}
+        return {"id": result["skipped_ids"][0], "duplicate_of": None, **result}
 
     def index(self, raws: list[Any], *, verb: str = "memory-index", force: bool = False) -> dict[str, Any]:
         """Validate a batch whole, append the new records durably, then index them (``memory-index``).
@@ -433,8 +459,16 @@ class Memory:
         fusion: str | None = None,
         explain: bool = False,
         mode: str = "hybrid",
+        max_tokens: int | None = None,
+        track: bool = True,
     ) -> dict[str, Any]:
-        """Hybrid search (``memory-query``); see ``fusion.py`` for the scoring."""
+        """Hybrid search (``memory-query``); see ``fusion.py`` for the scoring.
+
+        ``max_tokens`` keeps the best hits whose markdown blocks fit the budget
+        (``context.py``).  ``track`` records the returned hits as retrieved
+        (usage, for ``memory-prune``).
+        """
+        from .context import fit_budget
         from .query import MODES, run_query
 
         self._require_enabled()
@@ -455,8 +489,18 @@ class Memory:
             raise InputError("fusion must be 'alpha' or 'rrf'", code="query-invalid-fusion", details={"fusion": fusion})
         if mode not in MODES:
             raise InputError(f"mode must be one of {list(MODES)}", code="query-invalid-mode", details={"mode": mode})
-        return run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
-                         fusion=fusion, explain=explain, mode=mode)
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or not 1 <= max_tokens <= 10_000_000):
+            raise InputError("max_tokens must be a positive integer", code="query-invalid-max-tokens",
+                             details={"max_tokens": max_tokens})
+        result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
+                           fusion=fusion, explain=explain, mode=mode)
+        if max_tokens is not None:
+            result["hits"], result["budget"] = fit_budget(result["hits"], max_tokens)
+        if track and result["hits"] and not self.usage.record([h["id"] for h in result["hits"]]):
+            result["warnings"].append({"code": "usage-not-recorded",
+                                       "message": "could not append to usage.jsonl; retrievals are not counted"})
+        return result
 
     def rebuild(self, progress: Progress | None = None) -> dict[str, Any]:
         """Rebuild every derived file from ``records.jsonl`` (``memory-rebuild``).
@@ -525,6 +569,92 @@ class Memory:
             "skipped_lines": len(scan.corrupt) + len(scan.duplicates),
             "warnings": scan.warnings(),
         }
+
+    def compact(self, progress: Progress | None = None) -> dict[str, Any]:
+        """Rewrite ``records.jsonl`` with only its live records (``memory-compact``).
+
+        Under the lock: the current file is kept as ``records.jsonl.bak-<time>``
+        (a hard link, so not a byte is lost), the live records are written in
+        their order to a new file that replaces the old one atomically, and the
+        derived files are rebuilt from it (vectors reused, nothing re-embedded
+        unless it was missing).
+        """
+        self._require_enabled()
+        self._prepare_folder()
+        with self.lock.hold("memory-compact"):
+            scan = self.snap.refresh()
+            recovered = self.log.recover_tail(scan)
+            if recovered:
+                scan = self.snap.refresh()
+            live = [scan.records[p] for p in range(len(scan.records)) if p not in scan.dead]
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+            backup = self.log.path.with_name(f"{RECORDS}.bak-{stamp}")
+            before = self.log.path.stat().st_size if self.log.path.exists() else 0
+            if self.log.path.exists():
+                try:
+                    os.link(self.log.path, backup)
+                except OSError:
+                    shutil.copy2(self.log.path, backup)
+            atomic_write_bytes(self.log.path, b"".join(dumps(r) + b"\n" for r in live))
+            self.snap.lexcache.invalidate()
+            self.usage.fold(force=True)
+        result = self.rebuild(progress)
+        return {
+            "compacted": True,
+            "kept": len(live),
+            "dropped": {"retired": len(scan.dead), "duplicate_lines": len(scan.duplicates),
+                        "corrupt_lines": len(scan.corrupt), "operations": scan.ops},
+            "corrupt_lines": scan.corrupt[:50],
+            "backup": backup.name if before else None,
+            "bytes": {"before": before, "after": self.log.path.stat().st_size},
+            "embedded": result["embedded"],
+            "recovered": recovered,
+        }
+
+    def prune(self, unused_for: str, *, dry_run: bool = False) -> dict[str, Any]:
+        """Retire never-retrieved records older than the window (``memory-prune``).
+
+        A record is retired only if it was created before ``now - window`` and
+        has no retrieval on record, and only if usage has been tracked for the
+        whole window (otherwise "never retrieved" is not known); records with
+        no ``created_at`` are kept.  Retiring appends tombstones (reason
+        ``pruned``): the records stay in the log until ``memory-compact``.
+        """
+        self._require_enabled()
+        window = parse_duration(unused_for)
+        now = time.time()
+        cutoff = now - window
+        since, usage = self.usage.summary()
+        scan = self.snap.refresh()
+        out: dict[str, Any] = {"dry_run": dry_run, "unused_for": unused_for, "retired": [],
+                               "kept": {"recent": 0, "retrieved": 0, "unknown_age": 0},
+                               "tracked_since": _iso(since), "warnings": []}
+        if since is None or since > cutoff:
+            out["warnings"].append({
+                "code": "usage-history-too-short",
+                "message": "usage has been tracked for less than the window, so no record is known to be unused "
+                           "for that long; nothing was retired",
+            })
+            return out
+        doomed = []
+        for pos, rec in enumerate(scan.records):
+            if pos in scan.dead:
+                continue
+            created = _epoch(rec.get("created_at"))
+            if created is None:
+                out["kept"]["unknown_age"] += 1
+            elif rec["id"] in usage:
+                out["kept"]["retrieved"] += 1
+            elif created >= cutoff:
+                out["kept"]["recent"] += 1
+            else:
+                doomed.append(rec["id"])
+        if doomed and not dry_run:
+            written = self._write([], forget=doomed, reason="pruned", verb="memory-prune")
+            doomed = written["forgotten"]
+        out["retired"] = doomed
+        out["count"] = len(doomed)
+        return out
 
     def stats(self) -> dict[str, Any]:
         """Counts, model, timestamps and a consistency report (never loads the model)."""

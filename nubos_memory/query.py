@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .fusion import Candidate, bm25_normaliser, fuse_alpha, fuse_rrf
+from .fusion import Candidate, bm25_normaliser, fuse_alpha, fuse_rrf, importance_factor
 from .tokenize import tokenize
 
 if TYPE_CHECKING:
@@ -125,6 +125,9 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
         kept = fuse_alpha(cands, alpha, cfg.threshold)
     else:
         kept = fuse_rrf(cands, cfg.threshold)
+    fused = {id(c): c.score for c in kept}
+    for c in kept:  # importance reorders near-ties only; it never admits a record (fusion.py)
+        c.score *= importance_factor(records[c.position].get("importance"))
     kept.sort(key=lambda c: (-c.score, c.position))
     for c in kept[:k]:
         rec = records[c.position]
@@ -137,6 +140,8 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
                 "alpha": alpha,
                 "fusion": fusion,
                 "normaliser": round(divisor, 6),
+                "fused": round(fused[id(c)], 6),
+                "importance": rec.get("importance"),
             }
         out["hits"].append(hit)
     return out

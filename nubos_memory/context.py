@@ -1,0 +1,75 @@
+"""Query results as prompt context: token estimates, budgets, a markdown block.
+
+* ``estimate_tokens``: ``ceil(characters / 4)``, the usual rule of thumb for
+  English text and code with GPT/Claude-style tokenizers; no tokenizer is
+  loaded for it.
+* ``fit_budget``: the best hits, in rank order, whose rendered blocks fit the
+  budget together.  A hit that does not fit is skipped and the next ones are
+  still tried (never "stop at the first overflow").
+* ``render_markdown``: the block an agent pastes into its prompt: each hit's
+  title, provenance label (``[CACHED:VERIFIED]``, ``[CACHED]`` when unknown),
+  source, and body, in rank order.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def estimate_tokens(text: str) -> int:
+    return math.ceil(len(text) / 4)
+
+
+def provenance_label(record: dict[str, Any]) -> str:
+    prov = record.get("provenance")
+    return f"[CACHED:{prov}]" if prov else "[CACHED]"
+
+
+def render_hit(rank: int, hit: dict[str, Any]) -> str:
+    """One hit as a markdown section."""
+    rec = hit["record"]
+    source = rec.get("source_file")
+    if source:
+        where = source + (f" § {rec['heading']}" if rec.get("heading") else "")
+    else:
+        where = f"memory {rec['id']}"
+    facts = [f"source: {where}", f"type: {rec['type']}"]
+    if rec.get("phase"):
+        facts.append(f"phase: {rec['phase']}")
+    if rec.get("tags"):
+        facts.append("tags: " + ", ".join(rec["tags"]))
+    facts.append(f"score: {hit['score']:.3f} ({hit['retrieval']})")
+    body = (rec.get("body") or "").strip()
+    return f"### {rank}. {rec['title']} {provenance_label(rec)}\n{' · '.join(facts)}\n" + (f"\n{body}\n" if body else "")
+
+
+def fit_budget(hits: list[dict[str, Any]], max_tokens: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Keep the hits that fit ``max_tokens`` (see module docstring); return them and a report."""
+    kept, skipped, used = [], [], 0
+    for hit in hits:
+        cost = estimate_tokens(render_hit(len(kept) + 1, hit))
+        if used + cost <= max_tokens:
+            kept.append(hit)
+            used += cost
+        else:
+            skipped.append({"id": hit["id"], "tokens": cost})
+    return kept, {"max_tokens": max_tokens, "used": used, "skipped": skipped}
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    """A whole ``memory-query`` answer as one markdown context block."""
+    query = result.get("query", {}).get("text", "")
+    hits = result.get("hits", [])
+    lines = [f"## Prior memory for: {query}", ""]
+    degraded = result.get("degraded")
+    if degraded:
+        lines += [f"> degraded ({degraded['code']}): lexical matches only. {degraded['message']}", ""]
+    if not hits:
+        lines.append("_No stored memory matches._")
+        return "\n".join(lines) + "\n"
+    lines.append("Memory hits are advisory: prior learnings, decisions and research notes, best first.")
+    lines.append("")
+    for rank, hit in enumerate(hits, start=1):
+        lines.append(render_hit(rank, hit))
+    return "\n".join(lines).rstrip() + "\n"
