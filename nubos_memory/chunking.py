@@ -49,12 +49,17 @@ def _spans(text: str, a: int, b: int, pattern: re.Pattern[str], *, matches_are_u
     return out
 
 
-def _units(text: str, a: int, b: int, count: _Counter, room: int) -> list[tuple[int, int]]:
-    """Spans no longer than ``room`` tokens: sentences, else words, else runs of tokens."""
+def _units(text: str, a: int, b: int, count: _Counter, room: int,
+           blocks: list[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
+    """Spans no longer than ``room`` tokens: ``blocks`` (default: paragraphs, lines and
+    sentences) that fit, else their words, else runs of tokens."""
     out: list[tuple[int, int]] = []
-    for s, e in _spans(text, a, b, _BREAK, matches_are_units=False):
+    for s, e in blocks if blocks is not None else _spans(text, a, b, _BREAK, matches_are_units=False):
         if count(s, e) <= room:
             out.append((s, e))
+            continue
+        if blocks is not None:  # an oversized block: fall back to its sentences
+            out.extend(_units(text, s, e, count, room))
             continue
         for ws, we in _spans(text, s, e, _WORD, matches_are_units=True):
             if count(ws, we) <= room:
@@ -69,13 +74,17 @@ def _units(text: str, a: int, b: int, count: _Counter, room: int) -> list[tuple[
     return out
 
 
-def split_for_window(text: str, token_starts: Sequence[int], limit: int) -> list[str]:
+def split_for_window(text: str, token_starts: Sequence[int], limit: int,
+                     blocks: list[tuple[int, int]] | None = None) -> list[str]:
     """Pieces of ``text`` that each fit ``limit`` tokens (``text`` itself when it fits).
 
     ``token_starts`` are the sorted character offsets at which ``text``'s
-    tokens start.  The first line (a record's title) is repeated at the head
-    of every piece, so each piece says what it is about, unless it would take
-    more than half the budget.  Pieces are packed greedily from the front.
+    tokens start.  The first line (a record's title, a section's heading) is
+    repeated at the head of every piece, so each piece says what it is about,
+    unless it would take more than half the budget.  Pieces are packed
+    greedily from the front, from ``blocks`` (spans after the first line that
+    should stay whole when they fit, e.g. markdown paragraphs and code
+    blocks) or, by default, from paragraphs, lines and sentences.
     """
     if len(token_starts) <= limit:
         return [text]
@@ -87,7 +96,9 @@ def split_for_window(text: str, token_starts: Sequence[int], limit: int) -> list
     prefix, room = text[:head], limit - count(0, head)
     pieces: list[str] = []
     cur: tuple[int, int] | None = None
-    for s, e in _units(text, head, len(text), count, room):
+    if blocks is not None and head == 0:
+        blocks = None  # the first line is no prefix: let every line be a unit
+    for s, e in _units(text, head, len(text), count, room, blocks):
         if cur is not None and count(cur[0], e) <= room:
             cur = (cur[0], e)
             continue
@@ -97,6 +108,11 @@ def split_for_window(text: str, token_starts: Sequence[int], limit: int) -> list
     if cur is not None:
         pieces.append(prefix + text[cur[0]:cur[1]])
     return pieces or [text]
+
+
+def char_estimate_starts(text: str, chars_per_token: int = 4) -> list[int]:
+    """Pseudo token starts for the ``characters / 4`` estimate (``context.estimate_tokens``)."""
+    return list(range(0, len(text), chars_per_token))
 
 
 def word_starts(text: str, count_tokens) -> list[int]:

@@ -152,6 +152,12 @@ def _forget(args: argparse.Namespace) -> Any:
     return _memory(args).forget(args.ids, reason=args.reason)
 
 
+@_verb("memory-ingest", "index markdown files and folders (CLAUDE.md, docs/, memory category files)")
+def _ingest(args: argparse.Namespace) -> Any:
+    return _memory(args).ingest(args.paths, include=args.include or [], exclude=args.exclude or [],
+                                prune_missing=args.prune_missing, record_type=args.type)
+
+
 @_verb("memory-compact", "rewrite records.jsonl without retired records (backup kept), then rebuild")
 def _compact(args: argparse.Namespace) -> Any:
     return _memory(args).compact()
@@ -235,6 +241,15 @@ def build_parser() -> argparse.ArgumentParser:
         elif name == "memory-forget":
             p.add_argument("ids", nargs="+", metavar="ID", help="record ids to retire")
             p.add_argument("--reason", default="forgotten", help="why (kept in the tombstone; default: forgotten)")
+        elif name == "memory-ingest":
+            p.add_argument("paths", nargs="+", metavar="PATH", help="markdown files or folders inside the project")
+            p.add_argument("--include", action="append", metavar="GLOB",
+                           help="only files matching (repeatable; default *.md, *.markdown)")
+            p.add_argument("--exclude", action="append", metavar="GLOB", help="skip files matching (repeatable)")
+            p.add_argument("--prune-missing", action="store_true",
+                           help="retire chunks of files under these paths that no longer exist")
+            p.add_argument("--type", help="record type (default: learning for files with a frontmatter "
+                                          "category, else research)")
         elif name == "memory-prune":
             p.add_argument("--unused-for", required=True, help="window such as 90d, 12h or 2w")
             p.add_argument("--dry-run", action="store_true", help="report what would be retired, retire nothing")
@@ -314,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 FORWARDED = ("memory-add", "memory-index", "memory-query", "memory-rebuild", "memory-stats", "memory-forget",
-             "memory-compact", "memory-prune")
+             "memory-compact", "memory-prune", "memory-ingest")
 
 
 def execute_prepared(args: argparse.Namespace, forward: Callable[[argparse.Namespace], Any]) -> tuple[int, str, Any]:
@@ -342,6 +357,8 @@ def prepare_for_server(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value not in (None, "-"):
             setattr(args, name, os.path.abspath(value))
+    if args.verb == "memory-ingest":
+        args.paths = [os.path.abspath(p) for p in args.paths]
 
 
 if __name__ == "__main__":  # pragma: no cover

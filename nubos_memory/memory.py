@@ -318,7 +318,8 @@ class Memory:
         return {k: out[k] for k in ("forgotten", "already_retired", "recovered", "warnings")}
 
     def _write(self, records: list[dict[str, Any]], *, verb: str, force: bool = False,
-               forget: list[str] = (), reason: str = "forgotten") -> dict[str, Any]:  # type: ignore[assignment]
+               forget: list[str] = (), reason: str = "forgotten",  # type: ignore[assignment]
+               reasons: dict[str, str] | None = None) -> dict[str, Any]:
         """The one write path: decide what is new, append records and tombstones as one change, index.
 
         Cheap decisions (existing id, exact fingerprint) are made first, so a
@@ -413,7 +414,7 @@ class Memory:
                     if scan.live(rid) is None:
                         already.append(rid)
                     else:
-                        ops.append(forget_op(rid, reason))
+                        ops.append(forget_op(rid, (reasons or {}).get(rid, reason)))
                         forgotten.append(rid)
             self.log.append(new, ops)
             scan = snap.refresh()
@@ -655,6 +656,17 @@ class Memory:
         out["retired"] = doomed
         out["count"] = len(doomed)
         return out
+
+    def ingest(self, paths: list[str], *, include: list[str] = (), exclude: list[str] = (),  # type: ignore[assignment]
+               prune_missing: bool = False, record_type: str | None = None) -> dict[str, Any]:
+        """Index markdown files and folders, idempotently (``memory-ingest``; see ``ingest.py``)."""
+        from .ingest import ingest
+
+        self._require_enabled()
+        if not paths:
+            raise UsageError("give at least one markdown file or folder")
+        return ingest(self, paths, include=include, exclude=exclude, prune_missing=prune_missing,
+                      record_type=record_type)
 
     def stats(self) -> dict[str, Any]:
         """Counts, model, timestamps and a consistency report (never loads the model)."""

@@ -1,0 +1,218 @@
+"""Duplicates and the reasoning guardrail (acceptance 25, 26, 29, 31)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from nubos_memory import Memory
+from nubos_memory.dedup import fingerprint
+from nubos_memory.embedders import HashEmbedder
+from nubos_memory.records import strip_reasoning
+
+from .conftest import index_records, query, rec, run_cli, write_config
+
+
+class Counting(HashEmbedder):
+    """The hash double, counting the texts it is asked to embed."""
+
+    def __init__(self):
+        super().__init__("hash-256")
+        self.texts: list[str] = []
+
+    def embed(self, texts):
+        self.texts.extend(texts)
+        return super().embed(texts)
+
+
+def learning(title, body=""):
+    return {"type": "learning", "title": title, "body": body}
+
+
+def test_fingerprint_ignores_case_stop_words_order_and_repeats():
+    a = learning("Pin pnpm with corepack", "The CI cache breaks when the lockfile drifts")
+    same = [learning("pin PNPM with Corepack", "the ci cache breaks when the lockfile drifts"),
+            learning("corepack pin pnpm", "lockfile drifts, CI cache breaks"),
+            learning("Pin pnpm with corepack corepack", "The CI cache breaks when the lockfile drifts. Really.")]
+    for other in same[:2]:
+        assert fingerprint(other) == fingerprint(a)
+    assert fingerprint(same[2]) != fingerprint(a)  # "really" is a new word
+    assert fingerprint(learning("Pin pnpm with corepack corepack", "The CI cache breaks when the lockfile drifts")) \
+        == fingerprint(a)
+    assert fingerprint(learning("Pin yarn with corepack", "The CI cache breaks when the lockfile drifts")) \
+        != fingerprint(a)
+
+
+@settings(max_examples=200, deadline=None)
+@given(words=st.lists(st.sampled_from(["cache", "lock", "pnpm", "Redis", "jwt", "the", "a", "of"]), min_size=1,
+                      max_size=10), seed=st.randoms())
+def test_fingerprint_is_a_function_of_the_set_of_words(words, seed):
+    # A text of stop words only has no content terms; it falls back to its raw text (by design).
+    assume(any(w.lower() not in ("the", "a", "of") for w in words))
+    shuffled = list(words)
+    seed.shuffle(shuffled)
+    assert fingerprint(learning(" ".join(words))) == fingerprint(learning(" ".join(shuffled).upper() + " the"))
+
+
+@pytest.fixture
+def counted(project):
+    emb = Counting()
+    return Memory.open(project, embedder=emb), emb
+
+
+def test_relogging_the_same_learning_maps_to_the_record_and_embeds_nothing(counted):
+    mem, emb = counted
+    first = mem.add(learning("Stripe webhooks arrive out of order", "use idempotency keys"))
+    log = mem.folder / "records.jsonl"
+    size, embedded = log.stat().st_size, len(emb.texts)
+    again = mem.add(learning("stripe WEBHOOKS arrive out of order", "Use idempotency keys, use them"))
+    assert again["id"] == first["id"] and again["duplicate_of"] == first["id"] and again["added"] == 0
+    assert again["duplicates"] == [{"index": 0, "id": again["duplicates"][0]["id"], "duplicate_of": first["id"],
+                                    "kind": "exact"}]
+    assert log.stat().st_size == size and len(emb.texts) == embedded  # nothing written, nothing embedded
+    forced = mem.add(learning("stripe WEBHOOKS arrive out of order", "Use idempotency keys, use them"), force=True)
+    assert forced["added"] == 1 and forced["id"] != first["id"]
+
+
+def test_duplicates_inside_one_batch_are_collapsed(counted):
+    mem, _ = counted
+    out = mem.index([learning("Redis eviction policy is allkeys-lru"), learning("redis EVICTION policy allkeys lru"),
+                     learning("Kafka retention is seven days")])
+    assert out["added"] == 2
+    assert [(d["index"], d["kind"]) for d in out["duplicates"]] == [(1, "exact")]
+
+
+def test_near_duplicates_are_reported_instead_of_stored(project):
+    write_config(project, near_duplicate=0.8)  # the hash double's scale; the real model's default is adr/0009
+    mem = Memory.open(project)
+    base = mem.add(learning("Invoice numbers are allocated under a Postgres advisory lock",
+                            "gapless numbering per tenant"))
+    near = mem.add(learning("Invoice numbers allocated under Postgres advisory locks",
+                            "gapless numbering per tenant, always"))
+    assert near["added"] == 0 and near["duplicate_of"] == base["id"]
+    dup = near["duplicates"][0]
+    assert dup["kind"] == "near" and 0.8 <= dup["similarity"] < 1.0
+    other = mem.add(learning("Feature flags are evaluated server-side", "never ship keys to clients"))
+    assert other["added"] == 1
+    forced = mem.add(learning("Invoice numbers allocated under Postgres advisory locks",
+                              "gapless numbering per tenant, always"), force=True)
+    assert forced["added"] == 1
+    r = run_cli(["memory-add", "--root", str(project), "--type", "learning",
+                 "--title", "Invoice numbers allocated under a Postgres advisory lock", "--body", "gapless per tenant"])
+    assert r.code == 0 and r.json["added"] == 0 and r.json["duplicate_of"] in (base["id"], forced["id"])
+
+
+def test_changed_text_is_reembedded_and_unchanged_text_never(counted):
+    """A hand edit of a record's text re-embeds that record only; a rebuild re-embeds nothing."""
+    mem, emb = counted
+    mem.index([learning(f"note on topic {w}", f"body about {w}") for w in ("kafka", "redis", "postgres")])
+    log = mem.folder / "records.jsonl"
+    log.write_text(log.read_text().replace("body about redis", "body about valkey"))
+    emb.texts.clear()
+    mem.query("valkey")
+    assert emb.texts == ["note on topic redis\nbody about valkey", "valkey"]
+    emb.texts.clear()
+    assert mem.rebuild()["embedded"] == 0 and emb.texts == []
+
+
+def test_reasoning_blocks_are_stripped_before_storing(counted):
+    mem, _ = counted
+    out = mem.add(learning("Use jose <think>should I mention jsonwebtoken?</think>for JWT",
+                           "<scratch_pad>draft: check EdDSA</scratch_pad>jose supports EdDSA. <think>unclosed, "
+                           "thinking on"))
+    stored = mem.scan().records[mem.scan().live(out["id"])]
+    assert stored["title"] == "Use jose for JWT" and stored["body"] == "jose supports EdDSA."
+    assert "think" not in (mem.folder / "records.jsonl").read_text()
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("<think>a</think>b", "b"),
+    ("<THINK>a</THINK> b <think>c", "b"),
+    ("I was reasoning and then</think>the answer", "the answer"),
+    ("<scratch_pad>x</scratch_pad><scratch_pad>y</scratch_pad>z", "z"),
+    ("<thinking>deep</thinking>plain", "plain"),
+    ("keep <b>bold</b> and a < b", "keep <b>bold</b> and a < b"),
+])
+def test_strip_reasoning(text, expected):
+    assert strip_reasoning(text) == expected
+
+
+def test_a_record_that_is_only_reasoning_is_refused(project):
+    r = run_cli(["memory-add", "--root", str(project), "--type", "learning",
+                 "--title", "<think>I wonder</think>", "--body", "<scratch_pad>nothing to keep"])
+    assert r.code == 5 and r.error["code"] == "record-only-reasoning"
+    assert not (project / ".nubos-pilot/memory/records.jsonl").exists()
+    batch = index_records(project, [rec("fine"), rec("<think>only thoughts</think>", "")])
+    assert batch.code == 5 and batch.error["code"] == "record-only-reasoning"
+    assert batch.error["details"]["errors"][0]["index"] == 1
+    titled = run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "<think>x</think>",
+                      "--body", "a real body"])
+    assert titled.code == 5 and titled.error["code"] == "record-missing-title"
+
+
+def test_importance_reorders_near_ties_only(project):
+    """Importance multiplies fused scores by 0.9..1.1: it can swap close hits, never lift one that is
+    far behind (more than 1.1/0.9 ≈ 1.22x), and never brings in a record fusion dropped."""
+    from nubos_memory.fusion import importance_factor
+
+    assert importance_factor(None) == 1.0 and importance_factor(0) == pytest.approx(0.9)
+    assert importance_factor(1) == pytest.approx(1.1) and importance_factor(7) == pytest.approx(1.1)
+    low, high = importance_factor(0.0), importance_factor(1.0)
+    assert 0.60 * low < 0.55 * high  # 9% apart: the important one moves ahead
+    assert 0.70 * low > 0.55 * high  # 27% apart: it cannot
+    recs = [rec("kafka consumer lag alerts", "lag over 1000 pages the on-call", id="plain"),
+            rec("kafka consumer lag", "see the dashboards", id="important", importance=1.0),
+            rec("postgres vacuum tuning", "autovacuum scale factor 0.05", id="far", importance=1.0)]
+    assert index_records(project, recs).code == 0
+    hits = query(project, "--explain", "kafka consumer lag alerts").json["hits"]
+    assert "far" not in [h["id"] for h in hits]  # no shared term, low cosine: importance does not admit it
+    by_id = {h["id"]: h for h in hits}
+    assert by_id["plain"]["score"] == pytest.approx(by_id["plain"]["explain"]["fused"], abs=1e-5)
+    assert by_id["important"]["score"] == pytest.approx(by_id["important"]["explain"]["fused"] * 1.1, abs=1e-5)
+
+
+def test_budget_skips_what_does_not_fit_and_keeps_going(project):
+    from nubos_memory.context import estimate_tokens, fit_budget, render_hit
+
+    hits = [{"id": i, "score": 1.0 - n / 10, "retrieval": "hybrid",
+             "record": {"id": i, "type": "learning", "title": f"t{i}", "body": body, "tags": [], "provenance": None}}
+            for n, (i, body) in enumerate([("small1", "x" * 40), ("huge", "y" * 4000), ("small2", "z" * 40)])]
+    cost = [estimate_tokens(render_hit(1, h)) for h in hits]
+    kept, report = fit_budget(hits, cost[0] + cost[2] + 5)
+    assert [h["id"] for h in kept] == ["small1", "small2"]
+    assert report["skipped"] == [{"id": "huge", "tokens": cost[1]}] and report["used"] <= report["max_tokens"]
+    notes = [rec("kafka lag small", "short", id="a"), rec("kafka lag huge", "kafka " * 600, id="b"),
+             rec("kafka lag tiny", "tiny", id="c")]
+    assert index_records(project, notes).code == 0
+    r = query(project, "--max-tokens", "120", "kafka lag")
+    assert r.code == 0 and "b" not in [h["id"] for h in r.json["hits"]] and len(r.json["hits"]) == 2
+    assert r.json["budget"]["skipped"][0]["id"] == "b"
+
+
+def test_markdown_context_block(project):
+    notes = [rec("The release pipeline is manual", "trigger workflow_dispatch from the Actions tab", id="rel",
+                 provenance="VERIFIED", tags=["ci"]),
+             rec("Release notes are generated", "from conventional commits", id="notes")]
+    assert index_records(project, notes).code == 0
+    r = run_cli(["memory-query", "--root", str(project), "--format", "md", "release pipeline"])
+    assert r.code == 0 and not r.out.lstrip().startswith("{")
+    assert r.out.startswith("## Prior memory for: release pipeline")
+    first = r.out.index("### 1. The release pipeline is manual [CACHED:VERIFIED]")
+    assert first < r.out.index("### 2. Release notes are generated [CACHED]")
+    assert "trigger workflow_dispatch from the Actions tab" in r.out and "source: memory rel" in r.out
+    empty = run_cli(["memory-query", "--root", str(project), "--format", "md", "zebra quokka"])
+    assert "_No stored memory matches._" in empty.out
+    bad = run_cli(["memory-query", "--root", str(project), "--format", "md", " "])
+    assert bad.code == 5 and bad.error["code"] == "memory-empty-query"  # errors stay JSON
+
+
+def test_vectors_are_reused_for_identical_text_under_another_id(counted):
+    mem, emb = counted
+    mem.index([learning("Kafka retention is seven days", "per topic")], force=True)
+    emb.texts.clear()
+    out = mem.index([{**learning("Kafka retention is seven days", "per topic"), "id": "copy"}], force=True)
+    assert out["added"] == 1 and emb.texts == [] and out["pending"] == 0
+    vecs = mem.snap.vectors()[1].vectors
+    assert np.allclose(vecs[0], vecs[1])
