@@ -367,7 +367,8 @@ class Memory:
                     for i, label, sim in zip(todo, near_labels.tolist(), near_sims.tolist()):
                         if sim >= threshold:
                             pos = int(snap.positions_of(np.array([label]))[0])
-                            if pos >= 0:
+                            # A revision resembles what it replaces: that is no duplicate.
+                            if pos >= 0 and scan.records[pos]["id"] != records[i].get("supersedes"):
                                 dupes[i] = {"duplicate_of": scan.records[pos]["id"], "kind": "near",
                                             "similarity": round(sim, 4)}
                     keep = np.array([i not in dupes for i in todo])

@@ -24,43 +24,23 @@ from typing import Any
 
 from . import cli
 from .client import connect, recv_message, send_message, socket_path
-from .errors import InputError, NubosMemoryError
+from .errors import InputError
 from .fsio import DIR_MODE, dumps
+from .warm import WarmMemory
 
 
 class Server:
     def __init__(self, root: str | None, idle_timeout: float = 0.0):
-        from .memory import Memory
-
-        self.memory = Memory.open(root)
-        self.memory._require_enabled()
-        self.root = self.memory.project.root
+        self.warm = WarmMemory(root)
+        self.warm.memory._require_enabled()
+        self.root = self.warm.root
         self.path = socket_path(self.root)
         self.idle_timeout = idle_timeout
-        self._config_stamp = self._stamp()
         self._stop = False
         self.served = 0
 
-    def _stamp(self) -> Any:
-        try:
-            st = self.memory.project.config_path.stat()
-            return (st.st_ino, st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
-            return None
-
     def _memory(self, _root: str | None) -> Any:
-        """The warm Memory, recreated when the project config changed."""
-        stamp = self._stamp()
-        if stamp != self._config_stamp:
-            from .memory import Memory
-
-            embedder = self.memory._embedder
-            fresh = Memory.open(self.root)
-            if embedder is not None and fresh.config.provider == self.memory.config.provider \
-                    and fresh.config.model == self.memory.config.model:
-                fresh._embedder = embedder  # same model: keep it loaded
-            self.memory, self._config_stamp = fresh, stamp
-        return self.memory
+        return self.warm.get()
 
     def _bind(self) -> socket.socket:
         self.path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
@@ -89,18 +69,6 @@ class Server:
         sock.listen(16)
         sock.settimeout(0.25)
         return sock
-
-    def warm_up(self) -> None:
-        """Load the model, the vectors and the lexical index before the first request."""
-        mem = self.memory
-        mem.scan()
-        if mem.scan().records:
-            mem.snap.lexical_engine()
-            try:
-                mem.snap.vectors()
-                mem.embedder.embed(["warm up"])
-            except NubosMemoryError:
-                pass  # answered per request as degraded, like in-process
 
     def handle(self, conn: socket.socket) -> None:
         with conn:
@@ -132,7 +100,7 @@ class Server:
         started = last = time.monotonic()
         reason = "signal"
         try:
-            self.warm_up()
+            self.warm.warm_up()
             # One line on stderr when ready, so scripts (and tests) can wait for it.
             sys.stderr.write(dumps({"serving": str(self.path)}).decode() + "\n")
             sys.stderr.flush()

@@ -104,6 +104,18 @@ def test_near_duplicates_are_reported_instead_of_stored(project):
     assert r.code == 0 and r.json["added"] == 0 and r.json["duplicate_of"] in (base["id"], forced["id"])
 
 
+def test_a_revision_is_not_a_duplicate_of_the_record_it_supersedes(project):
+    write_config(project, near_duplicate=0.8)
+    mem = Memory.open(project)
+    old = mem.add(learning("Releases are cut by hand with workflow_dispatch", "from the Actions tab"))
+    plain = mem.add(learning("Releases are cut by hand via workflow_dispatch", "from the Actions tab, by hand"))
+    assert plain["duplicate_of"] == old["id"]
+    rev = mem.add({**learning("Releases are cut by hand via workflow_dispatch", "from the Actions tab, by hand"),
+                   "supersedes": old["id"]})
+    assert rev["added"] == 1 and rev["duplicate_of"] is None
+    assert [h["id"] for h in mem.query("workflow_dispatch releases")["hits"]] == [rev["id"]]
+
+
 def test_changed_text_is_reembedded_and_unchanged_text_never(counted):
     """A hand edit of a record's text re-embeds that record only; a rebuild re-embeds nothing."""
     mem, emb = counted
