@@ -208,6 +208,14 @@ def _serve(args: argparse.Namespace) -> Any:
     return run(args.root, args.idle_timeout)
 
 
+@_verb("memory-mcp", "serve this memory's tools to an agent over the Model Context Protocol (stdio)")
+def _mcp(args: argparse.Namespace) -> Any:
+    from .mcp_server import run
+
+    run(args.root)
+    return None  # stdout belonged to the protocol: nothing more is printed
+
+
 @_verb("memory-stats", "counts, model, timestamps and consistency of the memory")
 def _stats(args: argparse.Namespace) -> Any:
     return _memory(args).stats()
@@ -283,7 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _emit(stream: Any, doc: Any) -> None:
-    """One JSON document, or a verb's text answer as it is (``memory-query --format md``)."""
+    """One JSON document, or a verb's text answer as it is (``memory-query --format md``);
+    nothing for a verb whose output was a protocol (``memory-mcp``)."""
+    if doc is None:
+        return
     stream.write(doc if isinstance(doc, str) else dumps(doc).decode("utf-8") + "\n")
     stream.flush()
 

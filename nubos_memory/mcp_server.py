@@ -37,7 +37,7 @@ Tags = Annotated[list[Tag], Field(max_length=MAX_TAGS)]
 def build_server(root: str | None) -> Any:
     """An ``MCPServer`` whose tools operate on the project memory at ``root``."""
     from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp_types import CallToolResult, TextContent
 
     from . import __version__
     from .warm import WarmMemory
@@ -47,14 +47,19 @@ def build_server(root: str | None) -> Any:
     server = MCPServer("nubos-memory", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
 
     def call(method: str, *args: Any, **kwargs: Any) -> Any:
+        """The Memory method's answer, or our error envelope as an MCP tool error."""
         with lock:
             try:
                 return getattr(warm.get(), method)(*args, **kwargs)
             except NubosMemoryError as exc:
-                raise ToolError(dumps({"error": exc.to_dict()}).decode()) from None
+                envelope = {"error": exc.to_dict()}
+                return CallToolResult(content=[TextContent(type="text", text=dumps(envelope).decode())],
+                                      structured_content=envelope, is_error=True)
 
-    def text(doc: Any) -> str:
-        return doc if isinstance(doc, str) else dumps(doc).decode()
+    def as_text(doc: Any) -> Any:
+        if isinstance(doc, (str, CallToolResult)):
+            return doc
+        return dumps(doc).decode()
 
     def memory_add(
         type: Annotated[str, Field(description="learning | handoff | critic | research (or a type the project "
@@ -68,7 +73,7 @@ def build_server(root: str | None) -> Any:
         supersedes: Id | None = None,
         importance: Annotated[float, Field(ge=0, le=1)] | None = None,
         force: bool = False,
-    ) -> str:
+    ) -> Any:
         """Store one memory. Reasoning blocks (<think>, <scratch_pad>) are removed first. If the same
         learning is already stored (same words, or a near duplicate), nothing is stored and the answer's
         `id`/`duplicate_of` name the existing record; `force` stores it anyway. `supersedes` retires the
@@ -78,11 +83,11 @@ def build_server(root: str | None) -> Any:
         for key, value in (("id", id), ("supersedes", supersedes), ("importance", importance)):
             if value is not None:
                 record[key] = value
-        return text(call("add", record, force=force))
+        return as_text(call("add", record, force=force))
 
     def memory_query(
-        text_: Annotated[str, Field(alias="text", min_length=1, max_length=10_000,
-                                    description="what you are about to work on, in your own words")],
+        text: Annotated[str, Field(min_length=1, max_length=10_000,
+                                   description="what you are about to work on, in your own words")],
         k: Annotated[int, Field(ge=1, le=1000)] = 8,
         type: str | None = None,
         phase: str | None = None,
@@ -93,18 +98,18 @@ def build_server(root: str | None) -> Any:
         fusion: Literal["alpha", "rrf"] | None = None,
         alpha: Annotated[float, Field(ge=0, le=1)] | None = None,
         explain: bool = False,
-    ) -> str:
+    ) -> Any:
         """Recall prior learnings, decisions and research relevant to a task: hybrid keyword + semantic
         search, best first. `format: markdown` returns a context block ready to paste into a prompt
         (title, provenance label such as [CACHED:VERIFIED], source, body). If the vector layer is
         unavailable the answer is keyword-only and says so in `degraded`."""
-        result = call("query", text_, k=k, type=type, phase=phase, tags=tags, max_tokens=max_tokens, mode=mode,
+        result = call("query", text, k=k, type=type, phase=phase, tags=tags, max_tokens=max_tokens, mode=mode,
                       fusion=fusion, alpha=alpha, explain=explain)
-        if format == "markdown":
+        if format == "markdown" and isinstance(result, dict):
             from .context import render_markdown
 
             return render_markdown(result)
-        return text(result)
+        return as_text(result)
 
     def memory_ingest(
         paths: Annotated[list[Annotated[str, Field(min_length=1, max_length=4096)]],
@@ -114,30 +119,30 @@ def build_server(root: str | None) -> Any:
         exclude: list[str] | None = None,
         prune_missing: bool = False,
         type: str | None = None,
-    ) -> str:
+    ) -> Any:
         """Index markdown knowledge (CLAUDE.md, docs/, memory category files with frontmatter), split on ##
         headings. Re-running is cheap: unchanged files change nothing; changed files replace exactly
         their old chunks; `prune_missing` retires chunks of deleted files."""
         base = warm.root
         absolute = [str(Path(p) if Path(p).is_absolute() else base / p) for p in paths]
-        return text(call("ingest", absolute, include=include or [], exclude=exclude or [],
+        return as_text(call("ingest", absolute, include=include or [], exclude=exclude or [],
                          prune_missing=prune_missing, record_type=type))
 
     def memory_forget(
         ids: Annotated[list[Id], Field(min_length=1, max_length=10_000)],
         reason: Annotated[str, Field(min_length=1, max_length=80)] = "forgotten",
-    ) -> str:
+    ) -> Any:
         """Retire records by id: they never appear in results again (the log keeps them, append-only)."""
-        return text(call("forget", ids, reason=reason))
+        return as_text(call("forget", ids, reason=reason))
 
-    def memory_stats() -> str:
+    def memory_stats() -> Any:
         """Counts, model, timestamps and a consistency report of the memory."""
-        return text(call("stats"))
+        return as_text(call("stats"))
 
-    def memory_rebuild() -> str:
+    def memory_rebuild() -> Any:
         """Rebuild every derived file (vector index, keymap, lexical index) from records.jsonl; needed after
         changing the embedding model. Unchanged text is not re-embedded."""
-        return text(call("rebuild"))
+        return as_text(call("rebuild"))
 
     for fn in (memory_add, memory_query, memory_ingest, memory_forget, memory_stats, memory_rebuild):
         server.add_tool(fn, structured_output=False)
