@@ -86,3 +86,37 @@ def test_long_record_is_embedded_whole_not_truncated(embedder):
     assert q @ pooled > q @ truncated + 0.05
     short = "Release pipeline\nmanual via workflow_dispatch"
     assert np.allclose(embedder.embed([short])[0], model.encode([short], normalize_embeddings=True)[0], atol=1e-6)
+
+
+def _readme_examples():
+    """(command, printed output) of each console block of the README (the "For agents" examples)."""
+    import re
+    import shlex
+
+    out = []
+    for block in re.findall(r"```console\n(.*?)```", (REPO / "README.md").read_text(), re.S):
+        first, _, printed = block.partition("\n")
+        while first.endswith("\\"):
+            more, _, printed = printed.partition("\n")
+            first = first[:-1] + more
+        out.append((shlex.split(first.removeprefix("$ "))[1:], printed))
+    return out
+
+
+def test_readme_agent_examples_print_what_the_readme_shows(tmp_path):
+    """Docs that cannot drift: the For-agents commands, run over the example memories with the
+    packaged model, print the README's output (score digits aside)."""
+    import re
+
+    examples = _readme_examples()
+    assert len(examples) == 3
+    root = tmp_path / "agents"
+    root.mkdir()
+    assert run_cli(["memory-init", "--root", str(root)]).code == 0
+    assert run_cli(["memory-index", "--root", str(root), "--records-file",
+                    str(REPO / "examples/agent-memories.jsonl")]).code == 0
+    scores = re.compile(r'(score: |"score":)\d+\.\d+')
+    for argv, printed in examples:
+        r = run_cli([*argv, "--root", str(root)])
+        assert r.code == 0, r.err
+        assert scores.sub(r"\1#", r.out) == scores.sub(r"\1#", printed), argv
