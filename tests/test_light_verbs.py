@@ -44,3 +44,34 @@ def test_probe_detects_heavy_imports(tmp_path):
                   ["memory-add", "--root", str(root), "--type", "learning", "--title", "t", "--body", "b"]])
     assert res["codes"] == [0, 0]
     assert "sentence_transformers" in res["heavy"]
+
+
+def test_verbs_that_embed_nothing_never_import_torch(tmp_path):
+    """Over a store indexed for the default model, forget, prune, compact, stats and a lexical
+    query run in a fresh process without importing torch or sentence-transformers."""
+    from nubos_memory import Memory
+    from nubos_memory.config import DEFAULT_MODEL
+    from nubos_memory.embedders import HashEmbedder, SentenceTransformerEmbedder
+
+    class StandIn(HashEmbedder):  # vectors under the packaged model's fingerprint, without the model
+        provider = "local"
+        pooling = SentenceTransformerEmbedder.pooling
+
+        def __init__(self):
+            super().__init__("hash-384")
+            self.model_id = DEFAULT_MODEL
+
+    root = tmp_path / "p"
+    root.mkdir()
+    assert _probe([["memory-init", "--root", str(root)]])["codes"] == [0]
+    mem = Memory.open(root, embedder=StandIn())
+    mem.index([{"id": f"n{i}", "type": "learning", "title": f"note {w}", "body": f"about {w}"}
+               for i, w in enumerate(["kafka", "redis", "postgres", "pnpm"])])
+    assert mem.stats()["consistency"]["consistent"]
+    res = _probe([["memory-stats", "--root", str(root)],
+                  ["memory-query", "--root", str(root), "--mode", "lexical", "kafka"],
+                  ["memory-forget", "--root", str(root), "n0"],
+                  ["memory-prune", "--root", str(root), "--unused-for", "30d"],
+                  ["memory-compact", "--root", str(root)]])
+    assert res["codes"] == [0, 0, 0, 0, 0]
+    assert res["heavy"] == []
