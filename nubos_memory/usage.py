@@ -5,15 +5,18 @@ A derived side file, never the source of truth (adr/0010)::
     usage.jsonl   one line per answered query: {"t": epoch seconds, "ids": [hit ids]}
     usage.json    {"format": 1, "since": epoch, "ids": {id: [count, last]}}  the folded summary
 
-Queries only append a short line (``O_APPEND``, one ``write``), so readers
-never take the lock; a writer folds the lines into ``usage.json`` now and
-then.  ``since`` is when tracking began for this memory: pruning trusts
-"never retrieved" only for a window that tracking fully covers, so a lost or
-fresh usage file can make pruning retire *less*, never more.
+Queries append a short line (``O_APPEND``, one ``write``) while holding an
+``flock`` on ``usage.jsonl`` for that write only: they never take the
+memory's write lock.  A writer folds the lines into ``usage.json`` under the
+same ``flock``, so no retrieval is lost between reading and truncating the
+line log.  ``since`` is when tracking began: pruning trusts "never
+retrieved" only for a window that tracking fully covers, so a fresh usage
+history makes pruning retire less, never more.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import time
@@ -62,9 +65,10 @@ class Usage:
         try:
             fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
             try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held for one write: a fold never loses this line
                 os.write(fd, line)
             finally:
-                os.close(fd)
+                os.close(fd)  # closing releases the flock
         except OSError:
             return False
         return True
@@ -102,28 +106,23 @@ class Usage:
         return since, ids
 
     def fold(self, force: bool = False) -> None:
-        """Under the write lock: fold the line log into the summary once it is big (or ``force``)."""
+        """Under the write lock: fold the line log into the summary once it is big (or ``force``).
+
+        The line log is read, summarised and emptied under its ``flock``, so an
+        append waits instead of landing in a file that is being folded.
+        """
         try:
-            size = self.log_path.stat().st_size
+            fd = os.open(self.log_path, os.O_RDWR)
         except FileNotFoundError:
             return
-        if not force and size < FOLD_BYTES:
-            return
-        moving = self.log_path.with_name(USAGE_LOG + ".folding")
-        os.replace(self.log_path, moving)  # queries from now on append to a new file
-        folded = Usage(self.folder)
-        folded.log_path = moving
-        since, ids = folded.summary()
-        atomic_write_bytes(self.summary_path, dumps({"format": FORMAT, "since": since, "ids": ids}))
-        moving.unlink(missing_ok=True)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not force and os.fstat(fd).st_size < FOLD_BYTES:
+                return
+            since, ids = self.summary()
+            atomic_write_bytes(self.summary_path, dumps({"format": FORMAT, "since": since, "ids": ids}))
+            os.ftruncate(fd, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
-    def describe(self) -> dict[str, Any]:
-        since, ids = self.summary()
-        return {"tracked_since": _iso(since), "records_retrieved": len(ids),
-                "retrievals": int(sum(v[0] for v in ids.values()))}
-
-
-def _iso(t: float | None) -> str | None:
-    if t is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

@@ -170,7 +170,7 @@ def test_usage_is_derived_and_survives_compaction(project):
     run_cli(["memory-compact", "--root", str(project)])
     since, counts = __import__("nubos_memory.usage", fromlist=["Usage"]).Usage(memdir(project)).summary()
     assert counts["inv"][0] == 2 and since is not None
-    assert not (memdir(project) / "usage.jsonl").exists()  # folded into usage.json
+    assert (memdir(project) / "usage.jsonl").stat().st_size == 0  # folded into usage.json
 
 
 def test_a_group_is_applied_whole_or_not_at_all(tmp_path):
@@ -240,3 +240,29 @@ def test_a_reader_never_sees_half_of_a_change(project):
         writer.wait(timeout=60)
     assert writer.returncode == 0
     assert seen == {20}
+
+
+RECORDER = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from nubos_memory.usage import Usage
+u = Usage(__import__("pathlib").Path(sys.argv[1]))
+for i in range(int(sys.argv[4])):
+    assert u.record([f"{sys.argv[3]}-{i % 7}"])
+"""
+
+
+def test_no_retrieval_is_lost_while_usage_is_folded(tmp_path):
+    """Four processes record 300 retrievals each while the log is folded over and over: every one
+    is counted (a lost one could let prune retire a record that was used)."""
+    from nubos_memory.usage import Usage
+
+    usage = Usage(tmp_path)
+    procs = [subprocess.Popen([sys.executable, "-c", RECORDER, str(tmp_path), str(REPO), f"p{n}", "300"])
+             for n in range(4)]
+    while any(p.poll() is None for p in procs):
+        usage.fold(force=True)
+    assert all(p.wait() == 0 for p in procs)
+    usage.fold(force=True)
+    _, counts = usage.summary()
+    assert sum(c for c, _ in counts.values()) == 1200 and len(counts) == 28
