@@ -8,7 +8,10 @@ A generation is three files written once and never modified::
 
 ``manifest.json`` names the current generation and is the commit point: a
 writer (holding the lock) writes and fsyncs a new generation, swaps the
-manifest in with ``os.replace``, then deletes older generations.  A reader
+manifest in with ``os.replace``, then deletes older generations.  The
+manifest records each file's size and sha256 and is signed with this user's
+key (``trust.py``): files that do not match are reported, never used, and a
+manifest this user did not write is ``manifest-untrusted``.  A reader
 reads the manifest, then that generation's files; if a file vanished under
 it (a writer committed in between) it simply reads the manifest again.  So
 index, keymap and vectors always change together or not at all.
@@ -28,9 +31,11 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from .errors import StoreError
-from .fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, fsync_dir, fsync_path, loads
+from .faults import crash_point
+from .fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, fsync_dir, fsync_path, loads, read_regular
 from .records import SCHEMA_VERSION, now_iso
-from .vector_index import HnswParams, VectorIndex, build_hnsw, load_hnsw
+from .trust import file_sha256, sign, verify
+from .vector_index import EXACT_LIMIT, HnswParams, VectorIndex, build_hnsw, load_hnsw
 
 MANIFEST = "manifest.json"
 CACHE_FORMAT = 1
@@ -43,17 +48,30 @@ def covers_digest(ids: list[str], hashes: list[str]) -> str:
     return hashlib.sha256(joined.encode("utf-8")).hexdigest()[:32]
 
 
-def _write_vectors(path: Path, vectors: np.ndarray, base: VectorIndex | None) -> None:
+def _write_vectors(path: Path, vectors: np.ndarray, base: VectorIndex | None) -> str:
     """Write ``vectors-<gen>.npy``: all rows, or ``base``'s file's rows followed by ``vectors``.
 
     Appending copies the base file's bytes through the page cache instead of
     loading its rows, so a commit at 100k records holds no second copy of them.
     The header is the one ``np.save`` writes, so both paths give the same bytes.
+    Returns the file's sha256.
     """
-    with open(path, "wb") as f:
+    digest = hashlib.sha256()
+
+    class Hashing:  # a file object that hashes what passes through it
+        def __init__(self, f: Any):
+            self.f = f
+
+        def write(self, data: Any) -> int:
+            digest.update(data)
+            return self.f.write(data)
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+    with os.fdopen(fd, "wb") as raw:
+        f = Hashing(raw)
         if base is None:
-            np.save(f, vectors, allow_pickle=False)
-            return
+            np.save(f, vectors, allow_pickle=False)  # type: ignore[arg-type]
+            return digest.hexdigest()
         shape = (len(base) + len(vectors), base.dim)
         npformat.write_array_header_1_0(f, {"descr": npformat.dtype_to_descr(np.dtype(np.float32)),
                                             "fortran_order": False, "shape": shape})
@@ -66,6 +84,7 @@ def _write_vectors(path: Path, vectors: np.ndarray, base: VectorIndex | None) ->
                                  code="vectors-corrupt", details={"file": base.vectors_path.name})  # type: ignore[union-attr]
             shutil.copyfileobj(src, f, 1 << 20)
         f.write(np.ascontiguousarray(vectors, dtype=np.float32).tobytes())
+    return digest.hexdigest()
 
 
 def _names(gen: str) -> dict[str, str]:
@@ -84,9 +103,10 @@ class DerivedCache:
 
     # -- reading -----------------------------------------------------------------
     def read_manifest(self) -> dict[str, Any] | None:
-        """The manifest, ``None`` if absent; a corrupt one raises ``manifest-corrupt``."""
+        """The manifest, ``None`` if absent; a corrupt one raises ``manifest-corrupt``, one this
+        user's key did not sign ``manifest-untrusted``."""
         try:
-            raw = self.manifest_path.read_bytes()
+            raw = read_regular(self.manifest_path)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -112,6 +132,13 @@ class DerivedCache:
                 code="manifest-corrupt",
                 details={"path": str(self.manifest_path), "bytes": len(raw)},
             )
+        trusted = verify(doc)
+        if trusted is False:
+            raise StoreError(
+                "manifest.json was not written by this user on this machine (a cloned or copied memory, or "
+                "an older version); its derived files are not used. Run memory-rebuild to re-derive them.",
+                code="manifest-untrusted", details={"path": str(self.manifest_path)})
+        doc["_verified"] = trusted is True
         return doc
 
     def load(self, manifest: dict[str, Any]) -> VectorIndex:
@@ -128,13 +155,19 @@ class DerivedCache:
             if path is None or path.name != Path(path.name).name or not path.is_file():
                 raise StoreError(f"derived {key} file is missing; run memory-rebuild", code="index-missing",
                                  details={"file": str(path.name if path else None)})
+            if path.is_symlink():
+                raise StoreError(f"derived {key} file {path.name} is a symlink; it is not followed",
+                                 code="store-symlink-refused", details={"file": path.name})
             if path.stat().st_size != files[key].get("bytes"):
                 raise StoreError(f"derived {key} file {path.name} has the wrong size; run memory-rebuild",
                                  code=f"{'index' if key == 'index' else key}-corrupt",
                                  details={"file": path.name, "bytes": path.stat().st_size,
                                           "expected": files[key].get("bytes")})
         try:
-            km = loads(paths["keymap"].read_bytes())
+            raw_keymap = paths["keymap"].read_bytes()
+            if hashlib.sha256(raw_keymap).hexdigest() != files["keymap"].get("sha256"):
+                raise ValueError("checksum")
+            km = loads(raw_keymap)
             ids, hashes = km["ids"], km["hashes"]
             if not (isinstance(ids, list) and isinstance(hashes, list) and len(ids) == len(hashes) == count):
                 raise ValueError("length")
@@ -142,13 +175,22 @@ class DerivedCache:
             raise StoreError("keymap is corrupt; run memory-rebuild", code="keymap-corrupt",
                              details={"file": paths["keymap"].name})
         try:
+            if file_sha256(paths["vectors"]) != files["vectors"].get("sha256"):
+                raise ValueError("checksum")
             vectors = np.load(paths["vectors"], mmap_mode="r", allow_pickle=False)
             if vectors.dtype != np.float32 or vectors.shape != (count, dim):
                 raise ValueError("shape")
         except (OSError, ValueError):
             raise StoreError("stored vectors are corrupt; run memory-rebuild", code="vectors-corrupt",
                              details={"file": paths["vectors"].name})
-        return VectorIndex(ids, hashes, vectors, paths["index"], ef, vectors_path=paths["vectors"])
+        # The graph is fed to hnswlib, which trusts its input: only a verified manifest's, and only
+        # after its own checksum matches (checked here when it will be searched, else on first use).
+        graph = paths["index"] if manifest.get("_verified") else None
+        index = VectorIndex(ids, hashes, vectors, graph, ef, vectors_path=paths["vectors"],
+                            hnsw_sha256=files["index"].get("sha256"))
+        if graph is not None and count > EXACT_LIMIT:
+            index.verify_graph()
+        return index
 
     def load_current(self, attempts: int = 5) -> tuple[dict[str, Any] | None, VectorIndex | None]:
         """Manifest and its generation, retrying if a writer swapped them mid-read."""
@@ -207,16 +249,21 @@ class DerivedCache:
                 graph.save_index(str(index_path))
                 keymap_path = self.folder / names["keymap"]
                 written.append(keymap_path)
-                keymap_path.write_bytes(dumps({"format": CACHE_FORMAT, "ids": ids, "hashes": hashes}))
+                keymap = dumps({"format": CACHE_FORMAT, "ids": ids, "hashes": hashes})
+                fd = os.open(keymap_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(keymap)
                 vectors_path = self.folder / names["vectors"]
                 written.append(vectors_path)
-                _write_vectors(vectors_path, vectors, base)
+                digests = {"index": file_sha256(index_path), "keymap": hashlib.sha256(keymap).hexdigest(),
+                           "vectors": _write_vectors(vectors_path, vectors, base)}
                 files = {}
                 for key, path in (("index", index_path), ("keymap", keymap_path), ("vectors", vectors_path)):
                     os.chmod(path, FILE_MODE)
                     fsync_path(path)
-                    files[key] = {"name": path.name, "bytes": path.stat().st_size}
+                    files[key] = {"name": path.name, "bytes": path.stat().st_size, "sha256": digests[key]}
                 fsync_dir(self.folder)
+                crash_point("commit-files-written")
             now = now_iso()
             manifest = {
                 "format": CACHE_FORMAT,
@@ -234,6 +281,7 @@ class DerivedCache:
                 "rebuilt_at": now if rebuilt else (previous or {}).get("rebuilt_at"),
                 "updated_at": now,
             }
+            manifest = sign(manifest)
             atomic_write_bytes(self.manifest_path, dumps(manifest, pretty=True))
         except BaseException:
             for path in written:

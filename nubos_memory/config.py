@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .fsio import JSONDecodeError, loads
+from .fsio import JSONDecodeError, loads, read_regular
 
 STATE_DIR = ".nubos-pilot"
 CONFIG_FILE = "config.json"
@@ -165,11 +165,12 @@ def find_root(explicit: str | os.PathLike[str] | None = None, cwd: Path | None =
 def read_config_file(path: Path) -> dict[str, Any] | None:
     """The whole config document, or ``None`` when there is no file."""
     try:
-        data = path.read_bytes()
+        data = read_regular(path)  # never through a symlink: it could lead outside the project
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}", code="config-invalid", details={"path": str(path)})
+        why = "it is a symlink" if path.is_symlink() else exc.strerror
+        raise ConfigError(f"cannot read {path}: {why}", code="config-invalid", details={"path": str(path)})
     try:
         doc = loads(data)
     except JSONDecodeError as exc:
@@ -193,7 +194,32 @@ def load_project(root: str | os.PathLike[str] | None = None) -> Project:
         raise _bad("(section)", section, "an object")
     try:
         config = _validate(section)
+        check_model_location(config.model, path)
     except ConfigError as exc:
         exc.details.setdefault("path", str(cfg_path))
         raise
     return Project(root=path, config=config, config_found=True)
+
+
+def check_model_location(model: str, root: Path) -> None:
+    """Refuse a ``model`` that would load files shipped inside the project.
+
+    The project config may come from an untrusted clone, and a model folder
+    is code-adjacent (weights, module configuration).  So ``model`` is either
+    a hub id (``org/name``) that names no existing local path, or an absolute
+    path outside the project.  Weights always load from safetensors, never a
+    pickle, and no custom code runs (``embedders.py``).
+    """
+    if model == DEFAULT_MODEL:
+        return
+    candidate = Path(model).expanduser()
+    if candidate.is_absolute():
+        try:
+            candidate.resolve().relative_to(root.resolve())
+        except ValueError:
+            return
+        raise _bad("model", model, "a hub id or an absolute path outside the project (a model folder inside "
+                   "the project could come from an untrusted clone)")
+    if model.startswith((".", "~")) or ".." in candidate.parts or (root / model).exists() or candidate.exists():
+        raise _bad("model", model, "a hub id (org/name) or an absolute path outside the project; a relative "
+                   "path to a local folder is refused")

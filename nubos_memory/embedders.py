@@ -174,9 +174,9 @@ class SentenceTransformerEmbedder(Embedder):
         location = self.model_id
         if self.model_id == DEFAULT_MODEL:
             location = _packaged_model_path() or self.model_id
-        # Nothing may reach a model hub at run time: the default model ships in a package.
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            # The default model ships in a package: nothing may reach a model hub for it.
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -193,7 +193,10 @@ class SentenceTransformerEmbedder(Embedder):
                 hf_logging.disable_progress_bar()
             except Exception:  # pragma: no cover - older/newer transformers
                 pass
-            model = SentenceTransformer(location, device="cpu")
+            # No pickle and no custom code, whoever wrote the model folder: safetensors weights only,
+            # sentence_transformers' own module classes only.
+            model = SentenceTransformer(location, device="cpu", trust_remote_code=False,
+                                        model_kwargs={"use_safetensors": True})
         except Exception as exc:  # any failure to load means: no vector layer
             raise EmbeddingError(
                 f"cannot load embedding model {self.model_id!r}: {type(exc).__name__}: {exc}"[:500],

@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from .faults import crash_point
+
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 
@@ -64,9 +66,21 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, FILE_MODE)
+        crash_point("before-replace")
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(target.parent)
 
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of ``path``, refusing to follow a symlink (a memory folder from an untrusted
+    clone must not make us read outside it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)

@@ -1,8 +1,9 @@
 """The persisted lexical index: ``lexical.json`` + ``lexical-<gen>.npz`` (derived, no pickle).
 
 It covers the records parsed from the first ``offset`` bytes of ``records.jsonl``
-and is trusted only if the sha256 of those bytes still matches, so any edit to
-the log (other than an append) invalidates it.  Records appended after it was
+and is trusted only if the sha256 of those bytes still matches (so any edit to
+the log other than an append invalidates it) and its description is signed with
+this user's key (``trust.py``).  Records appended after it was
 saved are tokenised on load and added in memory; writers save it again.
 """
 
@@ -16,9 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .fsio import JSONDecodeError, atomic_write_bytes, dumps, loads
+from .fsio import atomic_write_bytes, dumps, loads, read_regular
+from .faults import crash_point
 from .lexical import PostingsBM25
 from .tokenize import TOKENIZER_VERSION
+from .trust import sign, verify
 
 MANIFEST = "lexical.json"
 FORMAT = 2
@@ -49,13 +52,15 @@ class LexicalCache:
         deaths recorded after them are applied by the caller.
         """
         try:
-            meta = loads((self.folder / MANIFEST).read_bytes())
-            if meta.get("format") != FORMAT or meta.get("tokenizer") != TOKENIZER_VERSION:
+            meta = loads(read_regular(self.folder / MANIFEST))
+            if meta.get("format") != FORMAT or meta.get("tokenizer") != TOKENIZER_VERSION or verify(meta) is False:
                 return None
             count, offset = int(meta["count"]), int(meta["offset"])
             if count > max_records or prefix_sha256(self.log_path, offset) != meta["sha256"]:
                 return None
             name = Path(str(meta["file"])).name
+            if (self.folder / name).is_symlink():
+                return None
             with np.load(self.folder / name, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in ("indptr", "docs", "tfs", "df", "doc_len", "removed", "removed_df")}
                 vocab = bytes(z["vocab"]).decode("utf-8")
@@ -63,8 +68,8 @@ class LexicalCache:
             if len(arrays["doc_len"]) != count or len(terms) != len(arrays["df"]):
                 return None
             return PostingsBM25.from_arrays(terms, arrays), offset
-        except (OSError, ValueError, KeyError, TypeError, JSONDecodeError):
-            return None  # a derived cache: anything wrong means "rebuild it"
+        except Exception:  # noqa: BLE001 - a derived cache: anything wrong (a bad zip, garbled arrays) means "rebuild it"
+            return None
 
     def invalidate(self) -> None:
         """Forget the saved index (``memory-rebuild`` re-derives it from scratch)."""
@@ -77,9 +82,10 @@ class LexicalCache:
         np.savez(buf, vocab=np.frombuffer("\n".join(terms).encode("utf-8"), dtype=np.uint8), **arrays)
         name = f"lexical-{int(time.time() * 1000):x}-{secrets.token_hex(3)}.npz"
         atomic_write_bytes(self.folder / name, buf.getvalue())
+        crash_point("lexical-npz-written")
         meta = {"format": FORMAT, "tokenizer": TOKENIZER_VERSION, "count": engine.size, "offset": offset,
                 "sha256": prefix_sha256(self.log_path, offset), "file": name}
-        atomic_write_bytes(self.folder / MANIFEST, dumps(meta, pretty=True))
+        atomic_write_bytes(self.folder / MANIFEST, dumps(sign(meta), pretty=True))
         for old in self.folder.glob("lexical-*.npz"):
             if old.name != name:
                 old.unlink(missing_ok=True)

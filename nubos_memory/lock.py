@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import LockTimeout
-from .fsio import FILE_MODE, atomic_write_bytes, dumps, loads
+from .fsio import FILE_MODE, atomic_write_bytes, dumps, loads, read_regular
 
 LOCK_FILE = ".lock"
 HOLDER_FILE = ".lock.holder.json"
@@ -44,7 +44,7 @@ class WriteLock:
     def holder(self) -> dict[str, Any] | None:
         """The last recorded holder, with whether that process is still alive."""
         try:
-            info = loads((self.folder / HOLDER_FILE).read_bytes())
+            info = loads(read_regular(self.folder / HOLDER_FILE))
         except (OSError, ValueError):
             return None
         if isinstance(info, dict) and isinstance(info.get("pid"), int):

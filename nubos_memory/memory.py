@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable
 from .cache import DerivedCache
 from .config import MEMORY_DIR, Project, load_project, read_config_file
 from .embedders import Embedder, fingerprint_of, make_embedder
+from .faults import crash_point
 from .errors import (
     DisabledError, EmbeddingError, InputError, NubosMemoryError, RebuildRequired, StoreError, UsageError,
 )
@@ -33,6 +34,8 @@ from .usage import Usage, parse_duration
 from .vector_index import HnswParams, VectorIndex
 
 RECORDS = "records.jsonl"
+MEMORY_FILES = (RECORDS, RECORDS + ".torn", "manifest.json", "lexical.json", "usage.json", "usage.jsonl",
+                ".lock", ".lock.holder.json", ".gitignore", ".gitattributes", "serve.sock")
 MAX_K = 1000
 MAX_QUERY_CHARS = 10_000
 EMBED_BATCH = 256
@@ -117,6 +120,30 @@ class Memory:
                 "memory is disabled for this project (memory.enabled is false); run memory-init to enable it",
                 details={"root": str(self.project.root), "config": str(self.project.config_path)},
             )
+        self._check_tree()
+
+    def _check_tree(self) -> None:
+        """Refuse a memory folder whose parts are symlinks or lead outside the project.
+
+        A ``.nubos-pilot/`` from an untrusted clone could otherwise make us read
+        a file outside the project (and print parts of it as "corrupt lines")
+        or append to one (``usage.jsonl`` -> ``~/.bashrc``), or truncate one
+        (the lock file).  Every file we open there is checked here, and the
+        log and usage files are also opened with ``O_NOFOLLOW``.
+        """
+        root = self.project.root
+        for path in (self.project.state_dir, self.folder, self.project.config_path,
+                     *(self.folder / name for name in MEMORY_FILES)):
+            if path.is_symlink():
+                raise StoreError(f"{path.relative_to(root)} is a symlink; memory files are never followed "
+                                 "through links (an untrusted clone could point them anywhere)",
+                                 code="store-symlink-refused", details={"path": str(path)})
+        if self.folder.exists():
+            try:
+                self.folder.resolve().relative_to(root.resolve())
+            except ValueError:
+                raise StoreError("the memory folder resolves outside the project", code="store-symlink-refused",
+                                 details={"path": str(self.folder)}) from None
 
     def _prepare_folder(self) -> None:
         ensure_dir(self.folder)
@@ -257,6 +284,7 @@ class Memory:
     # -- verbs -----------------------------------------------------------------------
     def init(self) -> dict[str, Any]:
         """Create the memory folder and enable memory in the project config."""
+        self._check_tree()
         state_dir = self.project.state_dir
         created = []
         for folder in (state_dir, self.folder):
@@ -418,6 +446,7 @@ class Memory:
                         ops.append(forget_op(rid, (reasons or {}).get(rid, reason)))
                         forgotten.append(rid)
             self.log.append(new, ops)
+            crash_point("after-append")
             scan = snap.refresh()
             self._save_lexical()
         positions = range(before, before + len(new))
@@ -545,6 +574,7 @@ class Memory:
         if rows_reused:
             dst, src = zip(*rows_reused)
             vectors[list(dst)] = current.vectors[list(src)]  # type: ignore[union-attr]
+        crash_point("rebuild-embedded")
         with self.lock.hold("memory-rebuild"):
             try:
                 previous = self.cache.read_manifest()
@@ -597,6 +627,7 @@ class Memory:
                     os.link(self.log.path, backup)
                 except OSError:
                     shutil.copy2(self.log.path, backup)
+            crash_point("compact-backup-made")
             atomic_write_bytes(self.log.path, b"".join(dumps(r) + b"\n" for r in live))
             self.snap.lexcache.invalidate()
             self.usage.fold(force=True)

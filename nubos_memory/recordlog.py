@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import StoreError
+from .faults import armed, crash_point
 from .fsio import FILE_MODE, JSONDecodeError, dumps, fsync_dir, loads
 from .records import OPTIONAL_FIELDS, PROVENANCES, check_record, now_iso
 
@@ -147,7 +148,7 @@ class RecordLog:
         (a hand edit), it is parsed again from the start.
         """
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
             return LogScan(generation=(scan.generation + 1) if scan and scan.records else 0)
         except OSError as exc:
@@ -301,7 +302,7 @@ class RecordLog:
                 return {"line": line, "action": "completed",
                         "id": obj.get("id") if isinstance(obj, dict) else None}  # type: ignore[union-attr]
         torn = self.path.with_name(self.path.name + ".torn")
-        fd = os.open(torn, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        fd = os.open(torn, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
         try:
             os.write(fd, fragment + (b"" if fragment.endswith(b"\n") else b"\n"))
             os.fsync(fd)
@@ -328,8 +329,12 @@ class RecordLog:
 
     def _append_bytes(self, data: bytes) -> None:
         created = not self.path.exists()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
         try:
+            if armed("append-torn") and len(data) > 1:
+                os.write(fd, data[: len(data) // 2])
+                os.fsync(fd)
+                crash_point("append-torn")
             view = memoryview(data)
             while view:
                 written = os.write(fd, view)

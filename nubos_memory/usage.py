@@ -21,10 +21,9 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 from .errors import InputError
-from .fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads
+from .fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
 
 USAGE_LOG = "usage.jsonl"
 USAGE_SUMMARY = "usage.json"
@@ -63,7 +62,7 @@ class Usage:
             return True
         line = dumps({"t": round(time.time(), 3), "ids": ids}) + b"\n"
         try:
-            fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # held for one write: a fold never loses this line
                 os.write(fd, line)
@@ -75,7 +74,7 @@ class Usage:
 
     def _read_summary(self) -> tuple[float | None, dict[str, list[float]]]:
         try:
-            doc = loads(self.summary_path.read_bytes())
+            doc = loads(read_regular(self.summary_path))
             if isinstance(doc, dict) and doc.get("format") == FORMAT and isinstance(doc.get("ids"), dict):
                 since = doc.get("since")
                 return (float(since) if isinstance(since, (int, float)) else None), dict(doc["ids"])
@@ -88,7 +87,8 @@ class Usage:
         since, ids = self._read_summary()
         first = None
         try:
-            with open(self.log_path, "rb") as f:
+            fd = os.open(self.log_path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
                 for raw in f:
                     try:
                         event = loads(raw)
@@ -112,7 +112,7 @@ class Usage:
         append waits instead of landing in a file that is being folded.
         """
         try:
-            fd = os.open(self.log_path, os.O_RDWR)
+            fd = os.open(self.log_path, os.O_RDWR | os.O_NOFOLLOW)
         except FileNotFoundError:
             return
         try:

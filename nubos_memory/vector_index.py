@@ -75,8 +75,11 @@ class VectorIndex:
     """Indexed records' vectors, looked up by record id."""
 
     def __init__(self, ids: list[str], hashes: list[str], vectors: np.ndarray,
-                 hnsw_path: Path | None = None, ef_search: int = 100, vectors_path: Path | None = None):
+                 hnsw_path: Path | None = None, ef_search: int = 100, vectors_path: Path | None = None,
+                 hnsw_sha256: str | None = None):
         self.ids = ids
+        self.hnsw_sha256 = hnsw_sha256
+        self._graph_verified = False
         self.vectors_path = vectors_path
         self.hashes = hashes
         self.vectors = vectors
@@ -99,8 +102,25 @@ class VectorIndex:
     def dim(self) -> int:
         return int(self.vectors.shape[1])
 
+    def verify_graph(self) -> None:
+        """Check the graph file against its recorded sha256 before hnswlib ever reads it."""
+        from .errors import StoreError
+        from .trust import file_sha256
+
+        if self._graph_verified or self.hnsw_path is None:
+            return
+        try:
+            ok = file_sha256(self.hnsw_path) == self.hnsw_sha256
+        except OSError:
+            ok = False
+        if not ok:
+            raise StoreError(f"the HNSW graph {self.hnsw_path.name} does not match the manifest; run memory-rebuild",
+                             code="index-corrupt", details={"file": self.hnsw_path.name})
+        self._graph_verified = True
+
     def hnsw(self) -> Any:
         if self._hnsw is None and self.hnsw_path is not None:
+            self.verify_graph()
             self._hnsw = load_hnsw(self.hnsw_path, self.dim)
         return self._hnsw
 

@@ -18,6 +18,9 @@ import pytest
 from nubos_memory import cli
 
 REPO = Path(__file__).resolve().parents[1]
+# The reliability suites run quick versions by default; NUBOS_MEMORY_HEAVY=1 runs the heavy ones
+# (more writers, trials and generated inputs; docs/reliability.md).
+HEAVY = os.environ.get("NUBOS_MEMORY_HEAVY") == "1"
 
 
 def write_config(root: Path, **memory) -> None:
