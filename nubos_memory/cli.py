@@ -69,12 +69,21 @@ def read_stdin(args: argparse.Namespace) -> str | None:
     return args.stdin_text
 
 
-def _read_text_file(path: str, what: str, limit: int) -> str:
+def _read_file(path: str, what: str, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of a file the user named (``-``: stdin); never reads without end."""
     try:
-        data = sys.stdin.buffer.read(limit * 4 + 1) if path == "-" else Path(path).read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read {what} {path!r}: {exc.strerror}", code=f"{what}-unreadable",
+        if path == "-":
+            return sys.stdin.buffer.read(limit + 1)
+        with open(path, "rb") as f:
+            return f.read(limit + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InputError(f"cannot read {what} {path!r}: {why}", code=f"{what}-unreadable",
                          details={"path": path}) from None
+
+
+def _read_text_file(path: str, what: str, limit: int) -> str:
+    data = _read_file(path, what, limit * 4)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -121,14 +130,10 @@ def _index(args: argparse.Namespace) -> Any:
     mem = _memory(args)
     mem._require_enabled()
     path = args.records_file
-    try:
-        if path == "-":
-            data = (read_stdin(args) or "").encode("utf-8", "surrogateescape")[: MAX_BATCH_BYTES + 1]
-        else:
-            data = Path(path).read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read records file {path!r}: {exc.strerror}", code="records-file-unreadable",
-                         details={"path": path}) from None
+    if path == "-":
+        data = (read_stdin(args) or "").encode("utf-8", "surrogateescape")[: MAX_BATCH_BYTES + 1]
+    else:
+        data = _read_file(path, "records-file", MAX_BATCH_BYTES)
     return mem.index(parse_batch(data, path), force=args.force)
 
 

@@ -171,7 +171,7 @@ class SentenceTransformerEmbedder(Embedder):
             return self._model
         from .config import DEFAULT_MODEL
 
-        location = self.model_id
+        location = os.path.expanduser(self.model_id) if self.model_id.startswith("~") else self.model_id
         if self.model_id == DEFAULT_MODEL:
             location = _packaged_model_path() or self.model_id
             # The default model ships in a package: nothing may reach a model hub for it.

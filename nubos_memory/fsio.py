@@ -21,11 +21,30 @@ DIR_MODE = 0o700
 
 
 def dumps(obj: Any, *, pretty: bool = False) -> bytes:
-    """Encode ``obj`` as UTF-8 JSON bytes (no trailing newline)."""
+    """Encode ``obj`` as UTF-8 JSON bytes (no trailing newline).
+
+    An integer beyond 64 bits (a user can type one: ``--k 99999999999999999999``)
+    is written as its decimal string rather than failing the whole document.
+    """
     option = orjson.OPT_SERIALIZE_NUMPY
     if pretty:
         option |= orjson.OPT_INDENT_2
-    return orjson.dumps(obj, option=option)
+    try:
+        return orjson.dumps(obj, option=option)
+    except TypeError:
+        return orjson.dumps(_json_safe(obj), option=option)
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, bool) or obj is None:
+        return obj
+    if isinstance(obj, int):
+        return obj if -(1 << 63) <= obj < (1 << 64) else str(obj)
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
 
 
 loads = orjson.loads

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import EmbeddingError, StoreError
 from .fusion import Candidate, bm25_normaliser, fuse_alpha, fuse_rrf, importance_factor
 from .tokenize import tokenize
 
@@ -21,6 +22,36 @@ def _top(positions: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
         part = np.argpartition(-scores, n - 1)[:n]
         positions, scores = positions[part], scores[part]
     return positions[np.lexsort((positions, -scores))]
+
+
+def _vector_side(mem: "Memory", state: Any, text: str, scope: np.ndarray, allowed: np.ndarray | None,
+                 n_cand: int, lex_rank: dict[int, int]) -> tuple[dict[int, float], dict[int, int], int]:
+    """The vector candidates' ranks, the exact cosine of every candidate (both sides'), and how many
+    records in scope have no vector yet."""
+    q = mem.embedder.embed([text])[0]
+    index, labels = state.index, state.labels
+    with_vec = scope[labels[scope] >= 0]
+    scored: list[tuple[float, int]] = []
+    if index is not None and len(with_vec):
+        whole = len(with_vec) == len(index)  # every row of the index is a candidate
+        top_labels, top_sims = index.top(q, n_cand, None if whole else labels[with_vec])
+        top_pos = mem.snap.positions_of(top_labels)
+        scored = [(sim, p) for p, sim in zip(top_pos.tolist(), top_sims.tolist()) if p >= 0]
+    allowed_set = None if allowed is None else set(allowed.tolist())
+    extra = [p for p in state.extra if allowed_set is None or p in allowed_set]
+    scored += [(float(np.dot(state.extra[p], q)), p) for p in extra]
+    scored.sort(key=lambda t: (-t[0], t[1]))
+    vec_rank = {p: i + 1 for i, (_, p) in enumerate(scored[:n_cand])}
+    cosine: dict[int, float] = {}
+    candidates = sorted(set(lex_rank) | set(vec_rank))
+    if index is not None:
+        with_label = [p for p in candidates if labels[p] >= 0]
+        for p, c in zip(with_label, index.cosines(labels[with_label], q).tolist()):
+            cosine[p] = c
+    for p in candidates:
+        if p in state.extra:
+            cosine[p] = float(np.dot(state.extra[p], q))
+    return cosine, vec_rank, int(len(scope) - len(with_vec) - len(extra))
 
 
 def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str | None, tags: list[str],
@@ -66,46 +97,27 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
 
     cosine: dict[int, float] = {}
     vec_rank: dict[int, int] = {}
-    if mode == "lexical":
-        cand_pos = sorted(lex_rank)
-    else:
+    if mode != "lexical":
         state = mem._sync_vectors(allowed, cap=cfg.max_pending_embed, blocking=False, verb="memory-query")
-        if state.degraded is None:
-            q = mem.embedder.embed([text])[0]
-            index, labels = state.index, state.labels
-            with_vec = scope[labels[scope] >= 0]
-            scored: list[tuple[float, int]] = []
-            if index is not None and len(with_vec):
-                whole = len(with_vec) == len(index)  # every row of the index is a candidate
-                top_labels, top_sims = index.top(q, n_cand, None if whole else labels[with_vec])
-                top_pos = snap.positions_of(top_labels)
-                scored = [(sim, p) for p, sim in zip(top_pos.tolist(), top_sims.tolist()) if p >= 0]
-            allowed_set = None if allowed is None else set(allowed.tolist())
-            extra = [p for p in state.extra if allowed_set is None or p in allowed_set]
-            scored += [(float(np.dot(state.extra[p], q)), p) for p in extra]
-            scored.sort(key=lambda t: (-t[0], t[1]))
-            vec_rank = {p: i + 1 for i, (_, p) in enumerate(scored[:n_cand])}
-            cand_pos = sorted(set(lex_rank) | set(vec_rank))
-            # Exact cosine for every candidate that has a vector, whichever side found it.
-            if index is not None:
-                with_label = [p for p in cand_pos if labels[p] >= 0]
-                for p, c in zip(with_label, index.cosines(labels[with_label], q).tolist()):
-                    cosine[p] = c
-            for p in cand_pos:
-                if p in state.extra:
-                    cosine[p] = float(np.dot(state.extra[p], q))
-            out["counts"]["pending"] = int(len(scope) - len(with_vec) - len(extra))
-            if out["counts"]["pending"]:
-                out["warnings"].append({
-                    "code": "index-behind",
-                    "message": f"{out['counts']['pending']} record(s) have no vector yet and were ranked "
-                               "lexically; later queries index them in batches, or run memory-rebuild now",
-                })
-        else:
-            out["degraded"] = {"code": state.degraded["code"], "message": state.degraded["message"]}
-            if state.degraded.get("details"):
-                out["degraded"]["details"] = state.degraded["details"]
-            cand_pos = sorted(lex_rank)
+        degraded = state.degraded
+        if degraded is None:
+            try:
+                cosine, vec_rank, pending = _vector_side(mem, state, text, scope, allowed, n_cand, lex_rank)
+            except (StoreError, EmbeddingError) as exc:  # found only now (a graph checked on first use, the model)
+                degraded = {"code": exc.code, "message": exc.message, "details": exc.details}
+            else:
+                out["counts"]["pending"] = pending
+                if pending:
+                    out["warnings"].append({
+                        "code": "index-behind",
+                        "message": f"{pending} record(s) have no vector yet and were ranked lexically; later "
+                                   "queries index them in batches, or run memory-rebuild now",
+                    })
+        if degraded is not None:
+            out["degraded"] = {"code": degraded["code"], "message": degraded["message"]}
+            if degraded.get("details"):
+                out["degraded"]["details"] = degraded["details"]
+    cand_pos = sorted(set(lex_rank) | set(vec_rank))
 
     cands = [
         Candidate(position=p, lexical_raw=float(raw[p]), lexical_norm=float(raw[p]) / divisor,

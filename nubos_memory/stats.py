@@ -58,7 +58,11 @@ def collect_stats(mem: "Memory") -> dict[str, Any]:
     stale = len(unknown) - retired_in_index  # vectors of ids the log does not hold at all (a hand edit)
     index_count = None
     if index is not None and index.hnsw_path is not None:
-        index_count = hnsw_element_count(index.hnsw_path)
+        try:
+            index.verify_graph()  # a graph only large memories search is checked here for every memory
+            index_count = hnsw_element_count(index.hnsw_path)
+        except StoreError as exc:
+            problems.append({"code": exc.code, "message": exc.message})
     keymap_count = len(index) if index is not None else 0
     if index is not None and index_count is not None and index_count != keymap_count:
         problems.append({"code": "index-keymap-mismatch",

@@ -8,7 +8,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from .conftest import REPO, index_records, rec, run_cli, write_config
+
+pytestmark = pytest.mark.reliability
 
 HOLD = """
 import sys, time
