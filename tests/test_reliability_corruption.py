@@ -149,7 +149,8 @@ def test_a_copied_memory_is_untrusted_until_rebuilt(project, tmp_path, monkeypat
     monkeypatch.setenv("NUBOS_MEMORY_KEY_FILE", str(tmp_path / "another-user.key"))
     import nubos_memory.trust as trust
 
-    monkeypatch.setattr(trust, "_loaded", False)
+    monkeypatch.setattr(trust, "_loaded", False)  # both restored afterwards: later tests sign with the real key
+    monkeypatch.setattr(trust, "_key", None)
     q = Memory.open(clone).query("kafka lag")
     assert q["degraded"]["code"] == "manifest-untrusted" and q["hits"][0]["id"] == "n0"
     Memory.open(clone).rebuild()
