@@ -21,14 +21,13 @@ from .config import MEMORY_DIR, Project, load_project, read_config_file
 from .embedders import Embedder, fingerprint_of, make_embedder
 from .faults import crash_point
 from .errors import (
-    DisabledError, EmbeddingError, InputError, NubosMemoryError, RebuildRequired, StoreError, UsageError,
+    DisabledError, EmbeddingError, InputError, RebuildRequired, StoreError, UsageError,
 )
 from .fsio import DIR_MODE, atomic_write_bytes, dumps, ensure_dir
 from .lexcache import LexicalCache
 from .lock import WriteLock
 from .recordlog import LogScan, RecordLog, forget_op
-from .records import _ID as _RECORD_ID
-from .records import SCHEMA_VERSION, embed_text, validate_batch
+from .records import SCHEMA_VERSION, embed_text, epoch_to_iso, iso_to_epoch, valid_id, validate_batch
 from .snapshot import Snapshot
 from .usage import Usage, parse_duration
 from .vector_index import HnswParams, VectorIndex
@@ -52,25 +51,6 @@ GITATTRIBUTES = "records.jsonl merge=union\n"
 Progress = Callable[[int, int], None]
 
 
-def _epoch(value: Any) -> float | None:
-    """Seconds since the epoch of an ISO-8601 timestamp with a zone, else None."""
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed.timestamp() if parsed.tzinfo is not None else None
-
-
-def _iso(t: float | None) -> str | None:
-    return None if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _degraded(exc: NubosMemoryError) -> dict[str, Any]:
-    return {"code": exc.code, "message": exc.message, "details": exc.details}
-
-
 @dataclass
 class VectorState:
     """The vector layer as one operation sees it, by record position in the log."""
@@ -82,9 +62,6 @@ class VectorState:
     degraded: dict[str, Any] | None = None
     indexed: int = 0
     embedded: int = 0
-
-    def has_vector(self, pos: int) -> bool:
-        return (self.labels is not None and pos < len(self.labels) and self.labels[pos] >= 0) or pos in self.extra
 
 
 class Memory:
@@ -217,11 +194,11 @@ class Memory:
                 state.extra = {p: known[p] for p in todo}
                 self._persist(state, todo, blocking=blocking, verb=verb)
         except (StoreError, EmbeddingError, RebuildRequired) as exc:
-            state.degraded = _degraded(exc)
+            state.degraded = exc.to_dict()
         except OSError as exc:  # disk full, permissions: the records are safe, the index is behind
-            state.degraded = _degraded(StoreError(
+            state.degraded = StoreError(
                 f"could not write the derived index: {exc.strerror or exc}; records are saved and will be "
-                "indexed by the next write, query or memory-rebuild", code="index-write-failed"))
+                "indexed by the next write, query or memory-rebuild", code="index-write-failed").to_dict()
         return state
 
     def _embed(self, texts: list[str], progress: Progress | None = None) -> Any:
@@ -339,7 +316,7 @@ class Memory:
         self._require_enabled()
         if not ids:
             raise UsageError("give at least one record id to forget")
-        bad = [i for i in ids if not isinstance(i, str) or not _RECORD_ID.match(i)]
+        bad = [i for i in ids if not valid_id(i)]
         if bad:
             raise InputError(f"not a record id: {bad[0]!r}", code="record-invalid-id", details={"ids": bad[:20]})
         out = self._write([], forget=list(dict.fromkeys(ids)), reason=reason, verb="memory-forget")
@@ -366,6 +343,7 @@ class Memory:
         vectors: dict[int, Any] = {}  # batch index -> its vector, when embedded ahead
         degraded = None
         scan = snap.refresh()
+        checked = (scan.generation, len(scan.records), len(scan.deaths))  # the log the decisions saw
         if records and not force:
             seen: dict[str, int] = {}
             lexical = snap.lexical_engine() if scan.live_count else None
@@ -404,7 +382,7 @@ class Memory:
                         dupes[todo[a]] = {"duplicate_of": records[todo[b]]["id"], "kind": "near",
                                           "similarity": round(sim, 4)}
                 except (StoreError, EmbeddingError, RebuildRequired) as exc:
-                    degraded = _degraded(exc)  # no near-duplicate check; exact ones still hold
+                    degraded = exc.to_dict()  # no near-duplicate check; exact ones still hold
 
         with self.lock.hold(verb):
             scan = snap.refresh()
@@ -413,14 +391,15 @@ class Memory:
                 scan = snap.refresh()
             before = len(scan.records)
             new, new_index, skipped, batch_ids = [], [], [], set()
-            lexical = snap.lexical_engine() if records and not force and scan.live_count else None
+            moved = (scan.generation, len(scan.records), len(scan.deaths)) != checked
+            lexical = snap.lexical_engine() if moved and records and not force and scan.live_count else None
             for i, r in enumerate(records):
                 if scan.live(r["id"]) is not None or r["id"] in batch_ids:
                     skipped.append(r["id"])
                     continue
                 if i in dupes:
                     continue
-                if lexical is not None:  # another writer may have stored the same text meanwhile
+                if lexical is not None:  # another writer changed the log meanwhile: it may hold the same text
                     hit = find_exact(r, scan, lexical, snap.alive)
                     if hit is not None:
                         dupes[i] = {"duplicate_of": scan.records[hit]["id"], "kind": "exact"}
@@ -464,7 +443,7 @@ class Memory:
             "forgotten": forgotten,
             "already_retired": already,
             "indexed": state.indexed,
-            "embedded": state.embedded + len(precomputed),
+            "embedded": state.embedded + len(vectors),
             "pending": pending,
             "degraded": state.degraded or degraded,
             "recovered": recovered,
@@ -661,7 +640,7 @@ class Memory:
         scan = self.snap.refresh()
         out: dict[str, Any] = {"dry_run": dry_run, "unused_for": unused_for, "retired": [],
                                "kept": {"recent": 0, "retrieved": 0, "unknown_age": 0},
-                               "tracked_since": _iso(since), "warnings": []}
+                               "tracked_since": epoch_to_iso(since), "warnings": []}
         if since is None or since > cutoff:
             out["warnings"].append({
                 "code": "usage-history-too-short",
@@ -673,7 +652,7 @@ class Memory:
         for pos, rec in enumerate(scan.records):
             if pos in scan.dead:
                 continue
-            created = _epoch(rec.get("created_at"))
+            created = iso_to_epoch(rec.get("created_at"))
             if created is None:
                 out["kept"]["unknown_age"] += 1
             elif rec["id"] in usage:

@@ -104,7 +104,7 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
             try:
                 cosine, vec_rank, pending = _vector_side(mem, state, text, scope, allowed, n_cand, lex_rank)
             except (StoreError, EmbeddingError) as exc:  # found only now (a graph checked on first use, the model)
-                degraded = {"code": exc.code, "message": exc.message, "details": exc.details}
+                degraded = exc.to_dict()
             else:
                 out["counts"]["pending"] = pending
                 if pending:

@@ -67,6 +67,26 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def iso_to_epoch(value: Any) -> float | None:
+    """Seconds since the epoch of an ISO-8601 timestamp with a zone, else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed.timestamp() if parsed.tzinfo is not None else None
+
+
+def epoch_to_iso(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def valid_id(value: Any) -> bool:
+    """Whether ``value`` is a well-formed record id."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID and bool(_ID.match(value))
+
+
 def embed_text(record: dict[str, Any]) -> str:
     """The text that is embedded for a record (recorded in the manifest as the template)."""
     return EMBED_TEMPLATE.format(title=record["title"], body=record.get("body") or "")
@@ -159,7 +179,7 @@ def _optional(raw: dict[str, Any], out: dict[str, Any]) -> None:
         out["importance"] = float(importance)
     replaces = raw.get("supersedes")
     if replaces is not None:
-        if not isinstance(replaces, str) or not _ID.match(replaces) or len(replaces) > MAX_ID:
+        if not valid_id(replaces):
             raise _Fail("record-invalid-supersedes", "supersedes must be the id of the record this one replaces",
                         "supersedes")
         out["supersedes"] = replaces
@@ -195,7 +215,7 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> dict[str, Any]:
     rid = raw.get("id")
     if rid is None:
         rid = str(uuid.uuid4())
-    elif not isinstance(rid, str) or not rid or len(rid) > MAX_ID or not _ID.match(rid):
+    elif not valid_id(rid):
         raise _Fail(
             "record-invalid-id",
             f"id must be 1-{MAX_ID} characters of letters, digits and ._:@/+- starting with a letter or digit",

@@ -228,3 +228,22 @@ def test_vectors_are_reused_for_identical_text_under_another_id(counted):
     assert out["added"] == 1 and emb.texts == [] and out["pending"] == 0
     vecs = mem.snap.vectors()[1].vectors
     assert np.allclose(vecs[0], vecs[1])
+
+
+def test_a_duplicate_stored_by_another_writer_meanwhile_is_still_caught(project):
+    """The cheap checks run before the lock; if the log moved before the lock was taken, they run
+    again under it, so two writers logging the same learning at once store it once."""
+    a, b = Memory.open(project), Memory.open(project)
+    real_hold = a.lock.hold
+    fired = []
+
+    def hold(verb, timeout=None):
+        if not fired:  # another process writes the same learning between a's checks and a's lock
+            fired.append(b.add(learning("Kafka retention is seven days", "per topic")))
+        return real_hold(verb, timeout)
+
+    a.lock.hold = hold
+    out = a.add(learning("kafka RETENTION is seven days", "per topic"))
+    assert fired[0]["added"] == 1
+    assert out["added"] == 0 and out["duplicate_of"] == fired[0]["id"]
+    assert a.scan().live_count == 1
