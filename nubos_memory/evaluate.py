@@ -28,7 +28,7 @@ import numpy as np
 
 from .embedders import Embedder
 from .errors import InputError
-from .fsio import JSONDecodeError, atomic_write_bytes, dumps, loads
+from .fsio import JSONDecodeError, atomic_write_bytes, dumps, ensure_dir, loads
 
 MODES = ("lexical", "vector", "hybrid", "rrf")
 _ID_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,127}\Z")
@@ -151,7 +151,7 @@ class CachedEmbedder(Embedder):
     def save(self) -> None:
         if len(self._keys) == self._saved:
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.folder)
         keys = [""] * len(self._keys)
         for k, i in self._keys.items():
             keys[i] = k

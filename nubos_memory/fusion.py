@@ -54,6 +54,7 @@ class Candidate:
     lexical_rank: int | None = None
     vector_rank: int | None = None
     score: float = 0.0
+    fused: float = 0.0  # the score before importance
     retrieval: str = "bm25"
 
 

@@ -130,7 +130,7 @@ def build_server(root: str | None) -> Any:
 
     def memory_forget(
         ids: Annotated[list[Id], Field(min_length=1, max_length=10_000)],
-        reason: Annotated[str, Field(min_length=1, max_length=80)] = "forgotten",
+        reason: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")] = "forgotten",
     ) -> Any:
         """Retire records by id: they never appear in results again (the log keeps them, append-only)."""
         return as_text(call("forget", ids, reason=reason))

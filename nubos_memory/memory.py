@@ -27,7 +27,7 @@ from .fsio import DIR_MODE, atomic_write_bytes, dumps, ensure_dir
 from .lexcache import LexicalCache
 from .lock import WriteLock
 from .recordlog import LogScan, RecordLog, forget_op
-from .records import SCHEMA_VERSION, embed_text, epoch_to_iso, iso_to_epoch, valid_id, validate_batch
+from .records import SCHEMA_VERSION, embed_text, epoch_to_iso, iso_to_epoch, one_line, valid_id, validate_batch
 from .snapshot import Snapshot
 from .usage import Usage, parse_duration
 from .vector_index import HnswParams, VectorIndex
@@ -37,6 +37,7 @@ MEMORY_FILES = (RECORDS, RECORDS + ".torn", "manifest.json", "lexical.json", "us
                 ".lock", ".lock.holder.json", ".gitignore", ".gitattributes", "serve.sock")
 MAX_K = 1000
 MAX_QUERY_CHARS = 10_000
+MAX_REASON = 200
 EMBED_BATCH = 256
 
 GITIGNORE = """# nubos-memory: everything here but the source of truth is a derived cache,
@@ -319,6 +320,9 @@ class Memory:
         bad = [i for i in ids if not valid_id(i)]
         if bad:
             raise InputError(f"not a record id: {bad[0]!r}", code="record-invalid-id", details={"ids": bad[:20]})
+        if not one_line(reason, MAX_REASON):
+            raise InputError(f"a reason is 1-{MAX_REASON} characters on one line", code="forget-invalid-reason",
+                             details={"length": len(reason) if isinstance(reason, str) else None})
         out = self._write([], forget=list(dict.fromkeys(ids)), reason=reason, verb="memory-forget")
         return {k: out[k] for k in ("forgotten", "already_retired", "recovered", "warnings")}
 

@@ -137,8 +137,8 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
         kept = fuse_alpha(cands, alpha, cfg.threshold)
     else:
         kept = fuse_rrf(cands, cfg.threshold)
-    fused = {id(c): c.score for c in kept}
     for c in kept:  # importance reorders near-ties only; it never admits a record (fusion.py)
+        c.fused = c.score
         c.score *= importance_factor(records[c.position].get("importance"))
     kept.sort(key=lambda c: (-c.score, c.position))
     for c in kept[:k]:
@@ -152,7 +152,7 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
                 "alpha": alpha,
                 "fusion": fusion,
                 "normaliser": round(divisor, 6),
-                "fused": round(fused[id(c)], 6),
+                "fused": round(c.fused, 6),
                 "importance": rec.get("importance"),
             }
         out["hits"].append(hit)

@@ -267,7 +267,7 @@ class RecordLog:
         target = scan.live(op["id"])
         if target is not None:
             reason = op.get("reason") if isinstance(op.get("reason"), str) else "forgotten"
-            scan.dead[target] = {"line": number, "reason": reason[:80], "at": op.get("at")}
+            scan.dead[target] = {"line": number, "reason": reason[:200], "at": op.get("at")}
             scan.deaths.append(target)
 
     def recover_tail(self, scan: LogScan) -> dict[str, Any] | None:

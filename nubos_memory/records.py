@@ -82,6 +82,11 @@ def epoch_to_iso(t: float | None) -> str | None:
     return None if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def one_line(value: Any, limit: int) -> bool:
+    """Whether ``value`` is 1-``limit`` characters of text without control characters."""
+    return isinstance(value, str) and 0 < len(value.strip()) and len(value) <= limit and not _CONTROL.search(value)
+
+
 def valid_id(value: Any) -> bool:
     """Whether ``value`` is a well-formed record id."""
     return isinstance(value, str) and 0 < len(value) <= MAX_ID and bool(_ID.match(value))

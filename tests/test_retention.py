@@ -76,6 +76,10 @@ def test_forget_validates_every_id_before_writing(project):
     assert again.code == 0 and again.json["already_retired"] == ["jwt"] and again.json["forgotten"] == []
     bad = run_cli(["memory-forget", "--root", str(project), "has space"])
     assert bad.code == 5 and bad.error["code"] == "record-invalid-id"
+    # A reason is bounded: a tombstone must never outgrow the line limit and be skipped as corrupt.
+    long = run_cli(["memory-forget", "--root", str(project), "hook", "--reason", "x" * 2_000_000])
+    assert long.code == 5 and long.error["code"] == "forget-invalid-reason"
+    assert log.read_bytes().count(b'"op":"forget"') == 1
 
 
 def test_a_superseded_record_never_appears_and_a_forgotten_id_can_return(project):
