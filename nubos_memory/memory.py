@@ -203,14 +203,18 @@ class Memory:
         return state
 
     def _embed(self, texts: list[str], progress: Progress | None = None) -> Any:
+        """Embed in chunks (for progress), longest texts first: the model pads each batch to its
+        longest text, so chunks of similar lengths waste less than chunks in arrival order."""
         import numpy as np
 
-        out = []
+        out = np.zeros((len(texts), self.embedder.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         for start in range(0, len(texts), EMBED_BATCH):
-            out.append(self.embedder.embed(texts[start : start + EMBED_BATCH]))
+            chunk = order[start : start + EMBED_BATCH]
+            out[chunk] = self.embedder.embed([texts[i] for i in chunk])
             if progress:
                 progress(min(start + EMBED_BATCH, len(texts)), len(texts))
-        return np.concatenate(out) if out else np.zeros((0, self.embedder.dim), dtype=np.float32)
+        return out
 
     def _persist(self, state: VectorState, todo: list[int], *, blocking: bool, verb: str) -> None:
         """Commit newly embedded vectors as a new generation (under the lock)."""
