@@ -96,6 +96,7 @@ class DerivedCache:
 
     def __init__(self, folder: Path):
         self.folder = folder
+        self.written: str | None = None  # the generation this process committed last: checksums computed while writing
 
     @property
     def manifest_path(self) -> Path:
@@ -163,6 +164,7 @@ class DerivedCache:
                                  code=f"{'index' if key == 'index' else key}-corrupt",
                                  details={"file": path.name, "bytes": path.stat().st_size,
                                           "expected": files[key].get("bytes")})
+        ours = manifest.get("generation") == self.written  # hashed as we wrote it, under the lock
         try:
             raw_keymap = paths["keymap"].read_bytes()
             if hashlib.sha256(raw_keymap).hexdigest() != files["keymap"].get("sha256"):
@@ -175,7 +177,7 @@ class DerivedCache:
             raise StoreError("keymap is corrupt; run memory-rebuild", code="keymap-corrupt",
                              details={"file": paths["keymap"].name})
         try:
-            if file_sha256(paths["vectors"]) != files["vectors"].get("sha256"):
+            if not ours and file_sha256(paths["vectors"]) != files["vectors"].get("sha256"):
                 raise ValueError("checksum")
             vectors = np.load(paths["vectors"], mmap_mode="r", allow_pickle=False)
             if vectors.dtype != np.float32 or vectors.shape != (count, dim):
@@ -188,7 +190,9 @@ class DerivedCache:
         graph = paths["index"] if manifest.get("_verified") else None
         index = VectorIndex(ids, hashes, vectors, graph, ef, vectors_path=paths["vectors"],
                             hnsw_sha256=files["index"].get("sha256"))
-        if graph is not None and count > EXACT_LIMIT:
+        if ours:
+            index._graph_verified = True
+        elif graph is not None and count > EXACT_LIMIT:
             index.verify_graph()
         return index
 
@@ -283,6 +287,7 @@ class DerivedCache:
             }
             manifest = sign(manifest)
             atomic_write_bytes(self.manifest_path, dumps(manifest, pretty=True))
+            self.written = gen
         except BaseException:
             for path in written:
                 path.unlink(missing_ok=True)
