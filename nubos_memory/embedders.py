@@ -241,11 +241,31 @@ class SentenceTransformerEmbedder(Embedder):
                 owner.append(i)
         return pieces, owner
 
+    def _embed_one(self, model: Any, text: str) -> np.ndarray | None:
+        """One text that fits the window, through the model's own modules (tokenise, forward,
+        its pooling) without ``encode``'s batching machinery: ~1 ms less per query on 2 cores,
+        the same vector. None when the text may not fit, or the model applies a prompt or a
+        truncated dimension in ``encode``: the general path handles those."""
+        if getattr(model, "default_prompt_name", None) or getattr(model, "truncate_dim", None):
+            return None
+        import torch
+
+        prepare = getattr(model, "preprocess", None) or model.tokenize
+        with torch.inference_mode():
+            features = prepare([text])
+            ids = features.get("input_ids")
+            if ids is None or ids.shape[-1] > self._window:  # perhaps truncated: cut into pieces instead
+                return None
+            vec = model.forward(features)["sentence_embedding"][0].float().numpy()
+        return vec / max(float(np.linalg.norm(vec)), 1e-12)
+
     def embed(self, texts: list[str]) -> np.ndarray:
         model = self._load()
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         try:
+            if len(texts) == 1 and (one := self._embed_one(model, texts[0])) is not None:
+                return one.astype(np.float32)[None, :]
             pieces, owner = self.pieces(texts)
             vecs = model.encode(
                 pieces, batch_size=self.batch_size, normalize_embeddings=True,

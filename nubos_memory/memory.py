@@ -79,6 +79,8 @@ class Memory:
         self.usage = Usage(self.folder)
         self._embedder = embedder
         self.params = HnswParams(self.config.hnsw_m, self.config.hnsw_ef_construction, self.config.hnsw_ef_search)
+        self._guarded = (project.state_dir, self.folder, project.config_path,
+                         *(self.folder / name for name in MEMORY_FILES))  # checked before every verb
 
     @classmethod
     def open(cls, root: str | os.PathLike[str] | None = None, *, embedder: Embedder | None = None) -> "Memory":
@@ -110,9 +112,8 @@ class Memory:
         log and usage files are also opened with ``O_NOFOLLOW``.
         """
         root = self.project.root
-        for path in (self.project.state_dir, self.folder, self.project.config_path,
-                     *(self.folder / name for name in MEMORY_FILES)):
-            if path.is_symlink():
+        for path in self._guarded:
+            if os.path.islink(path):
                 raise StoreError(f"{path.relative_to(root)} is a symlink; memory files are never followed "
                                  "through links (an untrusted clone could point them anywhere)",
                                  code="store-symlink-refused", details={"path": str(path)})

@@ -120,9 +120,9 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
     cand_pos = sorted(set(lex_rank) | set(vec_rank))
 
     cands = [
-        Candidate(position=p, lexical_raw=float(raw[p]), lexical_norm=float(raw[p]) / divisor,
+        Candidate(position=p, lexical_raw=r, lexical_norm=r / divisor,
                   cosine=cosine.get(p), lexical_rank=lex_rank.get(p), vector_rank=vec_rank.get(p))
-        for p in cand_pos
+        for p, r in zip(cand_pos, raw[cand_pos].tolist() if cand_pos else [])
     ]
     out["counts"]["candidates"] = len(cands)
     if mode == "vector":

@@ -88,6 +88,23 @@ def test_long_record_is_embedded_whole_not_truncated(embedder):
     assert np.allclose(embedder.embed([short])[0], model.encode([short], normalize_embeddings=True)[0], atol=1e-6)
 
 
+def test_one_short_text_skips_encode_and_gives_the_same_vector(embedder, monkeypatch):
+    """A query (one text that fits the window) runs the model's modules directly: no call to
+    encode(), the vector encode() would give. Several texts, or one too long, still use encode()."""
+    model = embedder._load()
+    texts = ["how do I ship a build?", "Release pipeline\nmanual via workflow_dispatch"]
+    expected = model.encode(texts, normalize_embeddings=True)
+    calls = []
+    real_encode = model.encode
+    monkeypatch.setattr(model, "encode", lambda *a, **kw: calls.append(len(a[0])) or real_encode(*a, **kw))
+    one = np.vstack([embedder.embed([t]) for t in texts])
+    assert calls == [] and one.dtype == np.float32
+    assert np.allclose(one, expected, atol=1e-5)
+    embedder.embed(texts)
+    embedder.embed(["word " * 400])
+    assert calls == [2, 2]  # the batch; the long text, cut into two pieces
+
+
 def _readme_examples():
     """(command, printed output) of each console block of the README (the "For agents" examples)."""
     import re
