@@ -1,7 +1,7 @@
 """End-to-end CLI latency at 10k records: warm (memory-serve running) vs cold, vs bare Python start.
 
 Uses the real packaged model and the 10k base records of bench/bench_scale.py (their embeddings
-come from bench/.cache, filled by that script). Run: .venv/bin/python bench/bench_serve.py
+come from memory-eval's embedding cache, filled by that script). Run: .venv/bin/python bench/bench_serve.py
 """
 
 from __future__ import annotations
