@@ -48,6 +48,11 @@ def covers_digest(ids: list[str], hashes: list[str]) -> str:
     return hashlib.sha256(joined.encode("utf-8")).hexdigest()[:32]
 
 
+def _create(path: Path) -> Any:
+    """A new file of a generation, opened for writing: owner-only, never an existing file or a link."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE), "wb")
+
+
 def _write_vectors(path: Path, vectors: np.ndarray, base: VectorIndex | None) -> str:
     """Write ``vectors-<gen>.npy``: all rows, or ``base``'s file's rows followed by ``vectors``.
 
@@ -66,8 +71,7 @@ def _write_vectors(path: Path, vectors: np.ndarray, base: VectorIndex | None) ->
             digest.update(data)
             return self.f.write(data)
 
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
-    with os.fdopen(fd, "wb") as raw:
+    with _create(path) as raw:
         f = Hashing(raw)
         if base is None:
             np.save(f, vectors, allow_pickle=False)  # type: ignore[arg-type]
@@ -254,8 +258,7 @@ class DerivedCache:
                 keymap_path = self.folder / names["keymap"]
                 written.append(keymap_path)
                 keymap = dumps({"format": CACHE_FORMAT, "ids": ids, "hashes": hashes})
-                fd = os.open(keymap_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
-                with os.fdopen(fd, "wb") as f:
+                with _create(keymap_path) as f:
                     f.write(keymap)
                 vectors_path = self.folder / names["vectors"]
                 written.append(vectors_path)

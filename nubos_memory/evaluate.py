@@ -17,7 +17,6 @@ import csv
 import hashlib
 import math
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -29,9 +28,9 @@ import numpy as np
 from .embedders import Embedder
 from .errors import InputError
 from .fsio import JSONDecodeError, atomic_write_bytes, dumps, ensure_dir, loads
+from .records import MAX_BODY, MAX_TITLE, valid_id
 
 MODES = ("lexical", "vector", "hybrid", "rrf")
-_ID_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,127}\Z")
 
 
 # -- metrics (pure functions, tested against hand-computed values) ---------------------
@@ -99,7 +98,7 @@ def load_beir(folder: Path, split: str) -> tuple[list[dict], dict[str, str], dic
 
 def record_id(doc_id: str) -> str:
     """BEIR ids become record ids unchanged when they are valid ones, else a stable hash."""
-    return doc_id if _ID_OK.match(doc_id) else "beir-" + hashlib.sha256(doc_id.encode()).hexdigest()[:24]
+    return doc_id if valid_id(doc_id) else "beir-" + hashlib.sha256(doc_id.encode()).hexdigest()[:24]
 
 
 # -- an embedding cache around the real embedder ------------------------------------------
@@ -176,10 +175,10 @@ def evaluate(source_config: dict[str, Any], folder: Path, *, split: str = "test"
     """Index ``folder``'s corpus into a scratch memory and score every judged query."""
     from .config import CONFIG_FILE, STATE_DIR
     from .embedders import make_embedder
-    from .memory import Memory
+    from .memory import MAX_K, Memory
 
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1000:
-        raise InputError("k must be an integer in 1..1000", code="query-invalid-k", details={"k": k})
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise InputError(f"k must be an integer in 1..{MAX_K}", code="query-invalid-k", details={"k": k})
     corpus, queries, qrels = load_beir(folder, split)
     config = {**source_config, "enabled": True}
     inner = embedder or make_embedder(config.get("provider", "local"), config.get("model") or "")
@@ -197,7 +196,7 @@ def evaluate(source_config: dict[str, Any], folder: Path, *, split: str = "test"
             ids[rid] = did
             text = str(doc.get("text") or "")
             title = str(doc.get("title") or "").strip() or (text[:80].strip() or did)
-            records.append({"id": rid, "type": "research", "title": title[:1000], "body": text[:100_000]})
+            records.append({"id": rid, "type": "research", "title": title[:MAX_TITLE], "body": text[:MAX_BODY]})
         start = time.perf_counter()
         batch = 512
         for i in range(0, len(records), batch):

@@ -9,7 +9,6 @@ saved are tokenised on load and added in memory; writers save it again.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import secrets
 import time
@@ -21,23 +20,10 @@ from .fsio import atomic_write_bytes, dumps, loads, read_regular
 from .faults import crash_point
 from .lexical import PostingsBM25
 from .tokenize import TOKENIZER_VERSION
-from .trust import sign, verify
+from .trust import file_sha256, sign, verify
 
 MANIFEST = "lexical.json"
 FORMAT = 2
-
-
-def prefix_sha256(path: Path, offset: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        remaining = offset
-        while remaining > 0:
-            block = f.read(min(1 << 22, remaining))
-            if not block:
-                break
-            h.update(block)
-            remaining -= len(block)
-    return h.hexdigest()
 
 
 class LexicalCache:
@@ -56,7 +42,7 @@ class LexicalCache:
             if meta.get("format") != FORMAT or meta.get("tokenizer") != TOKENIZER_VERSION or verify(meta) is False:
                 return None
             count, offset = int(meta["count"]), int(meta["offset"])
-            if count > max_records or prefix_sha256(self.log_path, offset) != meta["sha256"]:
+            if count > max_records or file_sha256(self.log_path, offset) != meta["sha256"]:
                 return None
             name = Path(str(meta["file"])).name
             if (self.folder / name).is_symlink():
@@ -84,7 +70,7 @@ class LexicalCache:
         atomic_write_bytes(self.folder / name, buf.getvalue())
         crash_point("lexical-npz-written")
         meta = {"format": FORMAT, "tokenizer": TOKENIZER_VERSION, "count": engine.size, "offset": offset,
-                "sha256": prefix_sha256(self.log_path, offset), "file": name}
+                "sha256": file_sha256(self.log_path, offset), "file": name}
         atomic_write_bytes(self.folder / MANIFEST, dumps(sign(meta), pretty=True))
         for old in self.folder.glob("lexical-*.npz"):
             if old.name != name:

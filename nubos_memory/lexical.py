@@ -199,17 +199,21 @@ class PostingsBM25:
         tid = self.vocab.get(term)
         return 0 if tid is None else self._df(tid)
 
+    def _parts(self, tid: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """A term's postings as ``(doc ids, term frequencies)``: the base's, then the delta's."""
+        parts = []
+        if tid < len(self._indptr) - 1:
+            lo, hi = self._indptr[tid], self._indptr[tid + 1]
+            parts.append((self._docs[lo:hi], self._tfs[lo:hi]))
+        extra = self._delta.get(tid)
+        if extra:
+            parts.append((np.asarray(extra[0], dtype=np.int64), np.asarray(extra[1], dtype=np.float32)))
+        return parts
+
     def postings(self, term: str) -> np.ndarray:
         """Ids of the documents holding ``term`` (removed ones included)."""
         tid = self.vocab.get(term)
-        if tid is None:
-            return np.zeros(0, dtype=np.int64)
-        parts = []
-        if tid < len(self._indptr) - 1:
-            parts.append(self._docs[self._indptr[tid]:self._indptr[tid + 1]].astype(np.int64))
-        extra = self._delta.get(tid)
-        if extra:
-            parts.append(np.asarray(extra[0], dtype=np.int64))
+        parts = [] if tid is None else [docs.astype(np.int64) for docs, _ in self._parts(tid)]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def idf(self, term: str) -> float:
@@ -237,14 +241,7 @@ class PostingsBM25:
             if tid is None:
                 continue
             idf = self.idf(term)
-            parts = []
-            if tid < len(self._indptr) - 1:
-                lo, hi = self._indptr[tid], self._indptr[tid + 1]
-                parts.append((self._docs[lo:hi], self._tfs[lo:hi]))
-            extra = self._delta.get(tid)
-            if extra:
-                parts.append((np.asarray(extra[0], dtype=np.int64), np.asarray(extra[1], dtype=np.float32)))
-            for docs, tf32 in parts:
+            for docs, tf32 in self._parts(tid):
                 tf = tf32.astype(np.float64)
                 out[docs] += idf * tf * (K1 + 1.0) / (tf + norm[docs])
         if self.removed:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .chunking import char_estimate_starts, split_for_window
+from .records import valid_importance
 
 MAX_CHUNK_TOKENS = 500
 
@@ -75,7 +76,7 @@ def _known(meta: dict[str, Any]) -> tuple[str | None, float | None, list[str]]:
         raise FrontmatterError(f"category must be a single word, got {category!r}")
     importance = meta.get("importance")
     if importance is not None:
-        if isinstance(importance, bool) or not isinstance(importance, (int, float)) or not 0 <= importance <= 1:
+        if not valid_importance(importance):
             raise FrontmatterError(f"importance must be a number from 0 to 1, got {importance!r}")
         importance = float(importance)
     tags = meta.get("tags") or []

@@ -23,13 +23,14 @@ from pydantic import Field
 
 from .errors import NubosMemoryError
 from .fsio import dumps
-from .records import MAX_BODY, MAX_ID, MAX_PHASE, MAX_TAG, MAX_TAGS, MAX_TITLE
+from .memory import MAX_K, MAX_QUERY_CHARS
+from .records import ID_PATTERN, MAX_BODY, MAX_ID, MAX_PHASE, MAX_REASON, MAX_TAG, MAX_TAGS, MAX_TITLE
 
 INSTRUCTIONS = """Long-term project memory for coding agents: learnings, decisions, research notes, critic
 findings and handoffs written by earlier sessions. Query it before you research, plan or review
 (memory_query); write what you learned when you are done (memory_add). Hits are advisory prior art."""
 
-Id = Annotated[str, Field(min_length=1, max_length=MAX_ID, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$")]
+Id = Annotated[str, Field(min_length=1, max_length=MAX_ID, pattern=f"^{ID_PATTERN}$")]
 Tag = Annotated[str, Field(min_length=1, max_length=MAX_TAG, pattern=r"^[^,\x00-\x1f\x7f]+$")]
 Tags = Annotated[list[Tag], Field(max_length=MAX_TAGS)]
 
@@ -86,9 +87,9 @@ def build_server(root: str | None) -> Any:
         return as_text(call("add", record, force=force))
 
     def memory_query(
-        text: Annotated[str, Field(min_length=1, max_length=10_000,
+        text: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS,
                                    description="what you are about to work on, in your own words")],
-        k: Annotated[int, Field(ge=1, le=1000)] = 8,
+        k: Annotated[int, Field(ge=1, le=MAX_K)] = 8,
         type: str | None = None,
         phase: str | None = None,
         tags: Annotated[list[str], Field(description="any overlap")] | None = None,
@@ -130,7 +131,7 @@ def build_server(root: str | None) -> Any:
 
     def memory_forget(
         ids: Annotated[list[Id], Field(min_length=1, max_length=10_000)],
-        reason: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")] = "forgotten",
+        reason: Annotated[str, Field(min_length=1, max_length=MAX_REASON, pattern=r"^[^\x00-\x1f\x7f]+$")] = "forgotten",
     ) -> Any:
         """Retire records by id: they never appear in results again (the log keeps them, append-only)."""
         return as_text(call("forget", ids, reason=reason))

@@ -27,7 +27,7 @@ from .fsio import DIR_MODE, atomic_write_bytes, dumps, ensure_dir
 from .lexcache import LexicalCache
 from .lock import WriteLock
 from .recordlog import LogScan, RecordLog, forget_op
-from .records import SCHEMA_VERSION, embed_text, epoch_to_iso, iso_to_epoch, one_line, valid_id, validate_batch
+from .records import MAX_REASON, SCHEMA_VERSION, embed_text, epoch_to_iso, iso_to_epoch, one_line, valid_id, validate_batch
 from .snapshot import Snapshot
 from .usage import Usage, parse_duration
 from .vector_index import HnswParams, VectorIndex
@@ -37,7 +37,6 @@ MEMORY_FILES = (RECORDS, RECORDS + ".torn", "manifest.json", "lexical.json", "us
                 ".lock", ".lock.holder.json", ".gitignore", ".gitattributes", "serve.sock")
 MAX_K = 1000
 MAX_QUERY_CHARS = 10_000
-MAX_REASON = 200
 EMBED_BATCH = 256
 
 GITIGNORE = """# nubos-memory: everything here but the source of truth is a derived cache,
@@ -394,10 +393,7 @@ class Memory:
                     degraded = exc.to_dict()  # no near-duplicate check; exact ones still hold
 
         with self.lock.hold(verb):
-            scan = snap.refresh()
-            recovered = self.log.recover_tail(scan)
-            if recovered:
-                scan = snap.refresh()
+            scan, recovered = self._refresh_recovered()
             before = len(scan.records)
             new, new_index, skipped, batch_ids = [], [], [], set()
             moved = (scan.generation, len(scan.records), len(scan.deaths)) != checked
@@ -458,6 +454,12 @@ class Memory:
             "recovered": recovered,
             "warnings": scan.warnings(),
         }
+
+    def _refresh_recovered(self) -> tuple[LogScan, dict[str, Any] | None]:
+        """Under the lock: the log as it is now, after setting aside what a crashed writer left."""
+        scan = self.snap.refresh()
+        recovered = self.log.recover_tail(scan)
+        return (self.snap.refresh() if recovered else scan), recovered
 
     def _save_lexical(self, force: bool = False) -> None:
         """Under the lock: persist the lexical index when due; a failure only costs speed."""
@@ -602,10 +604,7 @@ class Memory:
         self._require_enabled()
         self._prepare_folder()
         with self.lock.hold("memory-compact"):
-            scan = self.snap.refresh()
-            recovered = self.log.recover_tail(scan)
-            if recovered:
-                scan = self.snap.refresh()
+            scan, recovered = self._refresh_recovered()
             live = [scan.records[p] for p in range(len(scan.records)) if p not in scan.dead]
             stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
             backup = self.log.path.with_name(f"{RECORDS}.bak-{stamp}")

@@ -34,7 +34,7 @@ from typing import Any
 from .errors import StoreError
 from .faults import armed, crash_point
 from .fsio import FILE_MODE, JSONDecodeError, dumps, fsync_dir, loads
-from .records import OPTIONAL_FIELDS, PROVENANCES, check_record, now_iso
+from .records import MAX_REASON, OPTIONAL_FIELDS, PROVENANCES, check_record, now_iso, valid_importance
 
 MAX_LINE = 1 << 20  # bytes; a longer line is reported, never parsed
 MAX_GROUP = 1_000_000
@@ -114,7 +114,7 @@ def _trusted(obj: Any) -> bool:
             if key == "chunk_index":
                 ok = type(value) is int and value >= 0
             elif key == "importance":
-                ok = type(value) in (int, float) and 0 <= value <= 1
+                ok = valid_importance(value)
             else:  # source_file, heading, supersedes
                 ok = type(value) is str and value != ""
             if not ok:
@@ -267,7 +267,7 @@ class RecordLog:
         target = scan.live(op["id"])
         if target is not None:
             reason = op.get("reason") if isinstance(op.get("reason"), str) else "forgotten"
-            scan.dead[target] = {"line": number, "reason": reason[:200], "at": op.get("at")}
+            scan.dead[target] = {"line": number, "reason": reason[:MAX_REASON], "at": op.get("at")}
             scan.deaths.append(target)
 
     def recover_tail(self, scan: LogScan) -> dict[str, Any] | None:

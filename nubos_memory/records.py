@@ -41,10 +41,12 @@ MAX_TAGS = 64
 MAX_BATCH = 100_000
 MAX_SOURCE = 1_024
 MAX_CHUNK_INDEX = 1_000_000
+MAX_REASON = 200  # characters of a forget tombstone's reason
 
 EMBED_TEMPLATE = "{title}\n{body}"
 
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*\Z")
+ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*"  # and at most MAX_ID characters
+_ID = re.compile(ID_PATTERN + r"\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 _REASONING = r"(?:think|thinking|scratch_pad|scratchpad)"
@@ -85,6 +87,11 @@ def epoch_to_iso(t: float | None) -> str | None:
 def one_line(value: Any, limit: int) -> bool:
     """Whether ``value`` is 1-``limit`` characters of text without control characters."""
     return isinstance(value, str) and 0 < len(value.strip()) and len(value) <= limit and not _CONTROL.search(value)
+
+
+def valid_importance(value: Any) -> bool:
+    """Whether ``value`` is an importance: a number from 0 to 1 (not a bool)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value <= 1
 
 
 def valid_id(value: Any) -> bool:
@@ -179,7 +186,7 @@ def _optional(raw: dict[str, Any], out: dict[str, Any]) -> None:
         out["heading"] = heading
     importance = raw.get("importance")
     if importance is not None:
-        if isinstance(importance, bool) or not isinstance(importance, (int, float)) or not 0 <= importance <= 1:
+        if not valid_importance(importance):
             raise _Fail("record-invalid-importance", "importance must be a number from 0 to 1", "importance")
         out["importance"] = float(importance)
     replaces = raw.get("supersedes")

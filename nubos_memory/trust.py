@@ -90,9 +90,16 @@ def verify(doc: dict[str, Any]) -> bool | None:
     return isinstance(claimed, str) and hmac.compare_digest(claimed, _mac(doc, secret))
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, limit: int | None = None) -> str:
+    """The sha256 of the file's bytes, or of its first ``limit`` bytes."""
     h = hashlib.sha256()
+    remaining = limit
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        while remaining is None or remaining > 0:
+            block = f.read(1 << 22 if remaining is None else min(1 << 22, remaining))
+            if not block:
+                break
             h.update(block)
+            if remaining is not None:
+                remaining -= len(block)
     return h.hexdigest()

@@ -88,6 +88,11 @@ def cli_run():
     return run_cli
 
 
+def memory_dir(root: Path) -> Path:
+    """The memory folder of the project at ``root``."""
+    return root / ".nubos-pilot" / "memory"
+
+
 def rec(title: str, body: str = "", **kw) -> dict:
     return {"type": kw.pop("type", "learning"), "title": title, "body": body, **kw}
 

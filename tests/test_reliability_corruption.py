@@ -15,7 +15,7 @@ import pytest
 
 from nubos_memory import Memory
 
-from .conftest import index_records, query, rec, run_cli
+from .conftest import index_records, memory_dir, query, rec, run_cli
 
 pytestmark = pytest.mark.reliability
 
@@ -31,12 +31,8 @@ VECTOR_CODES = {"index-corrupt", "keymap-corrupt", "vectors-corrupt", "manifest-
                 "index-missing"}
 
 
-def folder(root):
-    return root / ".nubos-pilot/memory"
-
-
 def target_path(root, target):
-    f = folder(root)
+    f = memory_dir(root)
     m = json.loads((f / "manifest.json").read_text())
     names = {k: v["name"] for k, v in m["files"].items()}
     if target in names:
@@ -84,7 +80,7 @@ def test_a_damaged_derived_file_is_named_and_repaired(filled, target, how):
     if how == "swap" and old == path.read_bytes():
         old = old[::-1]  # the file did not change with the write: swap in something else of the same size
     damage(path, how, old)
-    manifest_bytes = (folder(filled) / "manifest.json").read_bytes()
+    manifest_bytes = (memory_dir(filled) / "manifest.json").read_bytes()
 
     q = query(filled, "kafka lag")
     assert q.code == 0, q.err
@@ -107,7 +103,7 @@ def test_a_damaged_derived_file_is_named_and_repaired(filled, target, how):
     add = run_cli(["memory-add", "--root", str(filled), "--type", "learning", "--title", "written while damaged"])
     assert add.code == 0, add.err
     if target == "manifest":
-        assert (folder(filled) / "manifest.json").read_bytes() == manifest_bytes
+        assert (memory_dir(filled) / "manifest.json").read_bytes() == manifest_bytes
     # rebuild repairs everything
     assert run_cli(["memory-rebuild", "--root", str(filled)]).code == 0
     healed = query(filled, "kafka lag")
@@ -118,7 +114,7 @@ def test_a_damaged_derived_file_is_named_and_repaired(filled, target, how):
 
 def test_a_damaged_source_of_truth_is_reported_and_never_trimmed(project):
     assert index_records(project, NOTES[:5]).code == 0
-    log = folder(project) / "records.jsonl"
+    log = memory_dir(project) / "records.jsonl"
     valid_lines = log.read_bytes()
     start = valid_lines.count(b"\n") + 1
     huge = json.dumps({"id": "huge", "type": "learning", "title": "huge", "body": "x" * (1 << 21)}).encode()
@@ -138,7 +134,7 @@ def test_a_damaged_source_of_truth_is_reported_and_never_trimmed(project):
     assert run_cli(["memory-rebuild", "--root", str(project)]).json["count"] == 7
     text = log.read_bytes()
     assert text.startswith(valid_lines) and b"not json at all" in text and huge in text and good in text
-    assert (folder(project) / "records.jsonl.torn").read_bytes() == b'{"id": "torn", "ty\n'
+    assert (memory_dir(project) / "records.jsonl.torn").read_bytes() == b'{"id": "torn", "ty\n'
 
 
 def test_a_copied_memory_is_untrusted_until_rebuilt(project, tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import time
 
 from nubos_memory.recordlog import RecordLog
 
-from .conftest import REPO, index_records, query, rec, run_cli, write_config
+from .conftest import REPO, index_records, memory_dir, query, rec, run_cli, write_config
 
 NOTES = [
     rec("Stripe webhooks arrive out of order", "use the event created timestamp and idempotency keys", id="hook"),
@@ -21,10 +21,6 @@ NOTES = [
     rec("Feature flags live in LaunchDarkly", "server-side evaluation only; never ship flag keys to the client",
         id="flags"),
 ]
-
-
-def memdir(root):
-    return root / ".nubos-pilot/memory"
 
 
 def ids(result):
@@ -44,7 +40,7 @@ def test_forget_removes_a_record_from_lexical_and_vector_results_alike(project):
     assert s["count"] == 4 and s["retired"] == {"total": 1, "by_reason": {"moved to the runbook": 1}}
     assert s["consistency"]["consistent"] and s["consistency"]["retired_in_index"] == 1
     # The log only grew: the record is still there, followed by its tombstone.
-    lines = (memdir(project) / "records.jsonl").read_text().splitlines()
+    lines = (memory_dir(project) / "records.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["op"] == "forget" and any('"id":"hook"' in line for line in lines)
 
 
@@ -66,7 +62,7 @@ def test_after_forgetting_bm25_scores_equal_a_memory_that_never_held_the_record(
 
 def test_forget_validates_every_id_before_writing(project):
     assert index_records(project, NOTES).code == 0
-    log = memdir(project) / "records.jsonl"
+    log = memory_dir(project) / "records.jsonl"
     before = log.read_bytes()
     r = run_cli(["memory-forget", "--root", str(project), "jwt", "no-such-id"])
     assert r.code == 5 and r.error["code"] == "record-not-found" and r.error["details"]["ids"] == ["no-such-id"]
@@ -106,8 +102,8 @@ def test_rebuild_drops_retired_records_from_the_derived_files(project):
     run_cli(["memory-forget", "--root", str(project), "inv"])
     r = run_cli(["memory-rebuild", "--root", str(project)]).json
     assert r["count"] == 4
-    m = json.loads((memdir(project) / "manifest.json").read_text())
-    keymap = json.loads((memdir(project) / m["files"]["keymap"]["name"]).read_text())
+    m = json.loads((memory_dir(project) / "manifest.json").read_text())
+    keymap = json.loads((memory_dir(project) / m["files"]["keymap"]["name"]).read_text())
     assert "inv" not in keymap["ids"] and len(keymap["ids"]) == 4
     s = run_cli(["memory-stats", "--root", str(project)]).json["consistency"]
     assert s["retired_in_index"] == 0 and s["consistent"]
@@ -118,7 +114,7 @@ def test_compact_rewrites_the_log_atomically_with_a_backup_and_keeps_answers(pro
     run_cli(["memory-forget", "--root", str(project), "pnpm"])
     run_cli(["memory-add", "--root", str(project), "--type", "learning", "--supersedes", "flags",
              "--title", "Feature flags moved to Unleash", "--body", "self-hosted; evaluation stays server-side"])
-    log = memdir(project) / "records.jsonl"
+    log = memory_dir(project) / "records.jsonl"
     original = log.read_bytes()
     with log.open("ab") as f:
         f.write(b"garbage line\n")
@@ -128,17 +124,17 @@ def test_compact_rewrites_the_log_atomically_with_a_backup_and_keeps_answers(pro
     doc = c.json
     assert doc["kept"] == 4 and doc["dropped"]["retired"] == 2 and doc["dropped"]["corrupt_lines"] == 1
     assert doc["embedded"] == 0  # live records' vectors are reused
-    backup = memdir(project) / doc["backup"]
+    backup = memory_dir(project) / doc["backup"]
     assert backup.read_bytes() == original + b"garbage line\n"  # not a byte lost
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["hook", "jwt", "inv", rows[-1]["id"]] and all("op" not in r for r in rows)
     assert {q: ids(query(project, q)) for q in before} == before
-    assert not list(memdir(project).glob("*.tmp"))
+    assert not list(memory_dir(project).glob("*.tmp"))
 
 
 def _age(root, **usage):
     """Pretend usage tracking began long ago."""
-    (memdir(root) / "usage.json").write_text(json.dumps({"format": 1, "ids": {}, **usage}))
+    (memory_dir(root) / "usage.json").write_text(json.dumps({"format": 1, "ids": {}, **usage}))
 
 
 def test_prune_retires_only_never_retrieved_records_older_than_the_window(project):
@@ -169,12 +165,12 @@ def test_usage_is_derived_and_survives_compaction(project):
     assert index_records(project, NOTES).code == 0
     query(project, "invoice numbers")
     query(project, "invoice advisory lock")
-    lines = (memdir(project) / "usage.jsonl").read_text().splitlines()
+    lines = (memory_dir(project) / "usage.jsonl").read_text().splitlines()
     assert len(lines) == 2 and "inv" in json.loads(lines[0])["ids"]
     run_cli(["memory-compact", "--root", str(project)])
-    since, counts = __import__("nubos_memory.usage", fromlist=["Usage"]).Usage(memdir(project)).summary()
+    since, counts = __import__("nubos_memory.usage", fromlist=["Usage"]).Usage(memory_dir(project)).summary()
     assert counts["inv"][0] == 2 and since is not None
-    assert (memdir(project) / "usage.jsonl").stat().st_size == 0  # folded into usage.json
+    assert (memory_dir(project) / "usage.jsonl").stat().st_size == 0  # folded into usage.json
 
 
 def test_a_group_is_applied_whole_or_not_at_all(tmp_path):
@@ -200,7 +196,7 @@ def test_a_group_is_applied_whole_or_not_at_all(tmp_path):
 
 def test_a_crashed_group_is_set_aside_by_the_next_writer(project):
     assert index_records(project, NOTES).code == 0
-    log = memdir(project) / "records.jsonl"
+    log = memory_dir(project) / "records.jsonl"
     good = log.read_bytes()
     crashed = (json.dumps({"op": "group", "lines": 2}) + "\n" + json.dumps(rec("half written", id="half"))
                + "\n").encode()
@@ -208,7 +204,7 @@ def test_a_crashed_group_is_set_aside_by_the_next_writer(project):
     assert "half" not in ids(query(project, "--k", "10", "half written"))  # readers never apply it
     r = index_records(project, [rec("after the crash", id="after")])
     assert r.json["recovered"]["action"] == "set-aside" and r.json["recovered"]["incomplete_group"]["lines"] == 2
-    assert (memdir(project) / "records.jsonl.torn").read_bytes() == crashed
+    assert (memory_dir(project) / "records.jsonl.torn").read_bytes() == crashed
     assert log.read_bytes().startswith(good) and b'"half"' not in log.read_bytes()
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from nubos_memory import Memory
 
-from .conftest import REPO, index_records, query, rec, run_cli, run_sub, write_config
+from .conftest import REPO, index_records, memory_dir, query, rec, run_cli, run_sub, write_config
 
 pytestmark = pytest.mark.reliability
 
@@ -44,16 +44,12 @@ def filled(project):
     return project
 
 
-def mem_dir(root):
-    return root / ".nubos-pilot/memory"
-
-
 @pytest.mark.parametrize("name", ["records.jsonl", "usage.jsonl", ".lock", "manifest.json", "lexical.json"])
 def test_symlinked_memory_files_are_refused_and_their_targets_untouched(filled, tmp_path, name):
     secret = tmp_path / "outside.txt"
     secret.write_text("SECRET-TOKEN=abc123\n")
     before = secret.read_bytes()
-    link = mem_dir(filled) / name
+    link = memory_dir(filled) / name
     if link.exists():
         link.unlink()
     link.symlink_to(secret)
@@ -70,7 +66,7 @@ def test_symlinked_memory_files_are_refused_and_their_targets_untouched(filled, 
 def test_a_symlinked_memory_folder_or_config_is_refused(project, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    folder = mem_dir(project)
+    folder = memory_dir(project)
     for child in folder.iterdir():
         child.unlink()
     folder.rmdir()
@@ -125,7 +121,7 @@ def test_pickled_model_weights_are_never_loaded(project, tmp_path):
 def test_a_tampered_graph_is_never_handed_to_hnswlib(filled, monkeypatch):
     import nubos_memory.vector_index as vi
 
-    folder = mem_dir(filled)
+    folder = memory_dir(filled)
     manifest = json.loads((folder / "manifest.json").read_text())
     graph = folder / manifest["files"]["index"]["name"]
     data = bytearray(graph.read_bytes())
