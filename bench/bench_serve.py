@@ -22,21 +22,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench_scale import DATA, make_memory, real_texts  # noqa: E402
+from bench_scale import DATA, cli, make_memory, real_texts  # noqa: E402
 from nubos_memory.config import DEFAULT_MODEL  # noqa: E402
 from nubos_memory.embedders import SentenceTransformerEmbedder  # noqa: E402
 from nubos_memory.evaluate import CachedEmbedder, default_cache_dir  # noqa: E402
-
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-def cli_ms(root: Path, *args: str, env=None) -> float:
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "nubos_memory", *args, "--root", str(root)], capture_output=True,
-                          text=True, env=env or ENV)
-    assert proc.returncode == 0, proc.stderr
-    return (time.perf_counter() - t) * 1000
-
 
 def main(n: int = 10_000, repeats: int = 20) -> None:
     queries = [json.loads(line)["text"] for line in (DATA / "queries.jsonl").open()][:repeats]
@@ -45,12 +34,13 @@ def main(n: int = 10_000, repeats: int = 20) -> None:
         make_memory(root, CachedEmbedder(SentenceTransformerEmbedder(DEFAULT_MODEL), default_cache_dir()),
                     real_texts(n))
         bare = statistics.median(_bare() for _ in range(5))
-        cold = [cli_ms(root, "memory-query", q, env={**ENV, "NUBOS_MEMORY_NO_SERVER": "1"}) for q in queries[:5]]
+        cold = [cli(root, "memory-query", q, env={"NUBOS_MEMORY_NO_SERVER": "1"}) for q in queries[:5]]
         server = subprocess.Popen([sys.executable, "-m", "nubos_memory", "memory-serve", "--root", str(root)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
         assert '"serving"' in server.stderr.readline()
-        warm = [cli_ms(root, "memory-query", q) for q in queries]
-        warm_stats = [cli_ms(root, "memory-stats") for _ in range(5)]
+        warm = [cli(root, "memory-query", q) for q in queries]
+        warm_stats = [cli(root, "memory-stats") for _ in range(5)]
         server.send_signal(signal.SIGTERM)
         server.communicate(timeout=30)
         result = {"records": n, "python_start_ms": bare,

@@ -37,8 +37,10 @@ def _vector_side(mem: "Memory", state: Any, text: str, scope: np.ndarray, allowe
         top_labels, top_sims = index.top(q, n_cand, None if whole else labels[with_vec])
         top_pos = mem.snap.positions_of(top_labels)
         scored = [(sim, p) for p, sim in zip(top_pos.tolist(), top_sims.tolist()) if p >= 0]
-    allowed_set = None if allowed is None else set(allowed.tolist())
-    extra = [p for p in state.extra if allowed_set is None or p in allowed_set]
+    extra = list(state.extra)  # embedded for this answer only: usually none
+    if extra and allowed is not None:
+        allowed_set = set(allowed.tolist())
+        extra = [p for p in extra if p in allowed_set]
     scored += [(float(np.dot(state.extra[p], q)), p) for p in extra]
     scored.sort(key=lambda t: (-t[0], t[1]))
     vec_rank = {p: i + 1 for i, (_, p) in enumerate(scored[:n_cand])}
