@@ -248,8 +248,11 @@ class DerivedCache:
             if count:
                 vectors = np.ascontiguousarray(vectors, dtype=np.float32)
                 if base is not None and base.hnsw_path is not None:
+                    base.verify_graph()  # hnswlib trusts what it reads: only the graph the manifest names
                     graph = load_hnsw(base.hnsw_path, base.dim, capacity=count)
                     graph = build_hnsw(vectors, params, base=graph)
+                elif base is not None:  # no graph to extend (no signing key): one over every row
+                    graph = build_hnsw(np.concatenate([np.asarray(base.vectors, dtype=np.float32), vectors]), params)
                 else:
                     graph = build_hnsw(vectors, params)
                 index_path = self.folder / names["index"]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .errors import DisabledError, InputError, NubosMemoryError, UsageError
-from .fsio import dumps
+from .fsio import dumps, printable
 
 VERBS: dict[str, Callable[[argparse.Namespace], Any]] = {}
 MAX_STDIN = 256 << 20
@@ -144,7 +144,7 @@ def _query(args: argparse.Namespace) -> Any:
     text = args.text if args.text is not None else (" ".join(args.positional) if args.positional else None)
     result = _memory(args).query(text, k=args.k, type=args.type, phase=args.phase, tags=_tags(args.tags),
                                  alpha=args.alpha, fusion=args.fusion, explain=args.explain, mode=args.mode,
-                                 max_tokens=args.max_tokens)
+                                 max_tokens=args.max_tokens, collapse=not args.no_collapse)
     if args.format == "md":
         from .context import render_markdown
 
@@ -185,7 +185,7 @@ def _rebuild(args: argparse.Namespace) -> Any:
             if done >= total:
                 sys.stderr.write("\n")
             sys.stderr.flush()
-    return mem.rebuild(progress)
+    return mem.rebuild(progress, reembed=args.reembed)
 
 
 @_verb("memory-eval", "measure retrieval quality and latency on a BEIR dataset (scratch memory)")
@@ -276,11 +276,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--alpha", type=float, help="lexical weight in [0, 1] (default from config)")
             p.add_argument("--fusion", choices=("alpha", "rrf"))
             p.add_argument("--explain", action="store_true", help="show each hit's score parts")
+            p.add_argument("--no-collapse", action="store_true",
+                           help="list near duplicates as separate hits (default: the newest of them, counted)")
             p.add_argument("--mode", choices=("hybrid", "lexical", "vector"), default="hybrid",
                            help="rank by both signals (default) or by one only; lexical never loads the model")
             p.add_argument("--max-tokens", type=int, help="keep the best hits that fit this many tokens (chars/4)")
             p.add_argument("--format", choices=("json", "md"), default="json",
                            help="json (default) or md: a markdown context block ready to inject")
+        elif name == "memory-rebuild":
+            p.add_argument("--reembed", action="store_true",
+                           help="embed every record again instead of reusing vectors of unchanged text")
         elif name == "memory-serve":
             p.add_argument("--idle-timeout", type=float, default=0.0,
                            help="stop after this many seconds without a request (default: never)")
@@ -327,9 +332,20 @@ def execute(args: argparse.Namespace) -> tuple[int, str, Any]:
                                         "details": {"hint": "set NUBOS_MEMORY_DEBUG=1 for a traceback"}}}
 
 
+def check_arguments(argv: Sequence[str]) -> None:
+    """Refuse arguments that are not UTF-8 text (the OS hands Python undecodable bytes as lone
+    surrogates, which would fail later, far from their cause)."""
+    for number, arg in enumerate(argv, start=1):
+        if printable(arg) != arg:
+            raise UsageError(f"argument {number} is not valid UTF-8 text", code="argument-invalid-utf8",
+                             details={"argument": number, "text": printable(arg)[:200]})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one verb, through a running memory-serve when there is one; return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        check_arguments(argv)
         args = build_parser().parse_args(argv)
     except UsageError as exc:
         _emit(sys.stderr, {"error": exc.to_dict()})
@@ -354,8 +370,15 @@ def execute_prepared(args: argparse.Namespace, forward: Callable[[argparse.Names
         prepare_for_server(args)
     except NubosMemoryError as exc:
         return exc.exit_code, "stderr", {"error": exc.to_dict()}
-    answer = forward(args)
-    return answer if answer is not None else execute(args)
+    answer, warning = forward(args)
+    if answer is not None:
+        return answer
+    code, stream, doc = execute(args)
+    if warning is not None and isinstance(doc, dict) and code == 0:
+        doc.setdefault("warnings", []).append(warning)
+    elif warning is not None and isinstance(doc, str):  # a markdown answer: say it above the block
+        doc = f"> warning ({warning['code']}): {warning['message']}\n\n" + doc
+    return code, stream, doc
 
 
 def prepare_for_server(args: argparse.Namespace) -> None:
@@ -373,8 +396,6 @@ def prepare_for_server(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value not in (None, "-"):
             setattr(args, name, os.path.abspath(value))
-    if args.verb == "memory-ingest":
-        args.paths = [os.path.abspath(p) for p in args.paths]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import stat
+import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -65,19 +68,68 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def forward(args: argparse.Namespace) -> tuple[int, str, Any] | None:
-    """The server's answer to this verb, or None when no server answers (run in-process)."""
+def untrusted(path: Path) -> str | None:
+    """Why the socket at ``path`` may not be ours (None when it may be used).
+
+    Only a socket that this user owns, in a memory folder this user owns, neither of them
+    writable by group or others, is used: in a folder others can write to, another user could
+    have put a server there that reads what we send and answers with memories of its own.
+    """
+    uid = os.getuid()
+    for target, what in ((path.parent, "memory folder"), (path, "socket")):
+        try:
+            st = os.lstat(target)
+        except OSError:
+            return f"cannot inspect the {what}"
+        if what == "socket" and not stat.S_ISSOCK(st.st_mode):
+            return f"{path.name} is not a socket"
+        if st.st_uid != uid:
+            return f"the {what} belongs to uid {st.st_uid}, not to this user (uid {uid})"
+        if st.st_mode & 0o022:
+            return f"the {what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process at the other end of a Unix socket (None where it cannot be told)."""
+    if hasattr(socket, "SO_PEERCRED"):  # Linux
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", creds)[1]
+    if sys.platform == "darwin":  # getpeereid: LOCAL_PEERCRED gives a struct xucred
+        local_peercred = 0x001
+        creds = sock.getsockopt(0, local_peercred, struct.calcsize("IIh16I") + 8)
+        return struct.unpack_from("II", creds)[1]
+    return None
+
+
+def forward(args: argparse.Namespace) -> tuple[tuple[int, str, Any] | None, dict[str, str] | None]:
+    """``(the server's answer, None)``, or ``(None, why not)`` when the verb must run in-process:
+    no server, a stale socket (no warning), or a server that may not be ours (a warning)."""
     try:
         root = find_root(args.root)
     except NubosMemoryError:
-        return None
+        return None, None
     path = socket_path(root)
-    if not path.exists():
-        return None
-    try:
-        sock = connect(path)
-    except OSError:
-        return None  # a stale socket from a killed server: work in-process
+    if not os.path.lexists(path):
+        return None, None
+    why = untrusted(path)
+    if why is None:
+        try:
+            sock = connect(path)
+        except OSError:
+            return None, None  # a stale socket from a killed server: work in-process
+        try:
+            uid = peer_uid(sock)
+        except OSError:
+            uid = None
+        if uid != os.getuid():
+            sock.close()
+            why = ("the process serving the socket cannot be identified" if uid is None
+                   else f"the process serving the socket runs as uid {uid}, not as this user")
+    if why is not None:
+        return None, {"code": "server-untrusted",
+                      "message": f"memory-serve was not used: {why}; answered in-process instead",
+                      "socket": str(path)}
     request = {k: v for k, v in vars(args).items() if k != "root"}
     sent = False
     try:
@@ -90,12 +142,12 @@ def forward(args: argparse.Namespace) -> tuple[int, str, Any] | None:
         if sent and args.verb == "memory-index":
             # Records without an id got fresh ones inside the server; redoing the batch here
             # could store them twice, so say what happened instead of guessing.
-            return 7, "stderr", {"error": {
+            return (7, "stderr", {"error": {
                 "code": "server-lost",
                 "message": "memory-serve stopped while handling this batch; it may or may not have been "
                            "written. Check with memory-stats, then re-run (records with ids are skipped).",
-                "details": {"socket": str(path)}}}
-        return None  # reads, rebuild and memory-add (its id is fixed before sending) are safe to redo
+                "details": {"socket": str(path)}}}), None
+        return None, None  # reads, rebuild and memory-add (its id is fixed before sending) are safe to redo
     if not isinstance(reply, dict) or "code" not in reply:
-        return None
-    return int(reply["code"]), str(reply["stream"]), reply["doc"]
+        return None, None
+    return (int(reply["code"]), str(reply["stream"]), reply["doc"]), None

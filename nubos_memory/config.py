@@ -15,13 +15,13 @@ from typing import Any
 
 from .errors import ConfigError
 from .fsio import JSONDecodeError, loads, read_regular
+from .modelfiles import DEFAULT_MODEL
 
 STATE_DIR = ".nubos-pilot"
 CONFIG_FILE = "config.json"
 MEMORY_DIR = "memory"
 ROOT_ENV = "NUBOS_PILOT_ROOT"
 
-DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 BASE_TYPES = ("learning", "handoff", "critic", "research")
 PROVIDERS = ("local", "hash")
 FUSIONS = ("alpha", "rrf")

@@ -1,22 +1,28 @@
-"""Duplicate detection: an exact content fingerprint and a near-duplicate cosine.
+"""Duplicate detection: an exact text fingerprint, and near duplicates by cosine.
 
-* The *fingerprint* of a record is a hash of the set of its terms (title and
-  body, the package tokenizer: case-folded, stop words dropped): case, stop
-  words, word order and repeats do not change it.  Re-logging the same
-  learning therefore maps to the record already stored, and nothing is
-  embedded.  Candidates are found through the postings of the record's rarest
-  term, so the check costs a handful of fingerprints, not one per record.
-* A *near duplicate* is a live record whose vector has a cosine of at least
-  ``memory.near_duplicate`` with the new one's (default 0.90 for the packaged
-  model; the data it was chosen on: adr/0009).  It is reported as
-  ``duplicate_of`` instead of being stored, unless the writer insists
-  (``--force``).
+A duplicate check must never eat information (adr/0009):
+
+* An *exact duplicate* has the same type and the same title and body after
+  normalising case, whitespace and the punctuation around words only
+  (``normalised_text``).  Word order, negations, numbers and versions all
+  count: "Do not run migrations on Friday" and "Run migrations on Friday" are
+  two records.  An exact duplicate stores and embeds nothing; the answer names
+  the record that already holds the text.  Candidates are found through the
+  postings of the record's rarest term, so the check costs a few hashes.
+* A *near duplicate* (cosine ≥ ``memory.near_duplicate`` with a live record)
+  is stored like any record, and reported on write (``near_duplicate_of``,
+  ``similarity``).  Queries collapse near duplicates among their hits instead
+  (``collapse``): the newest of them is shown, the others are counted in its
+  hit.  So an agent that re-logs one learning ten times sees it once, and a
+  correction ("the limit is 1000 per minute", not 100) is never lost.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any
+import re
+import unicodedata
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -27,32 +33,50 @@ if TYPE_CHECKING:
     from .recordlog import LogScan
     from .vector_index import VectorIndex
 
+_SIGN_BEFORE_DIGIT = "-+.$€£¥"
+
+
+def _word(word: str) -> str:
+    """A word without the punctuation around it; a sign before a digit and a trailing % are kept."""
+    start, end = 0, len(word)
+    while start < end and not word[start].isalnum():
+        if word[start] in _SIGN_BEFORE_DIGIT and start + 1 < end and word[start + 1].isdigit():
+            break
+        start += 1
+    while end > start and not word[end - 1].isalnum() and word[end - 1] != "%":
+        end -= 1
+    return word[start:end]
+
+
+def normalised_text(text: str) -> str:
+    """``text`` case-folded, with single spaces, and without the punctuation around its words
+    ("Don't run it on Friday!" → "don't run it on friday"; "v1.2" and "-5" keep theirs)."""
+    words = (_word(w) for w in unicodedata.normalize("NFKC", text).casefold().split())
+    return " ".join(w for w in words if w)
+
+
+def fingerprint(record: dict[str, Any]) -> str:
+    """The exact-duplicate fingerprint: type, normalised title and normalised body."""
+    basis = "\x1f".join((record["type"], normalised_text(record["title"]), normalised_text(record.get("body") or "")))
+    return hashlib.sha256(basis.encode("utf-8")).hexdigest()[:32]
 
 
 def content_terms(record: dict[str, Any]) -> frozenset[str]:
     return frozenset(tokenize(f"{record['title']}\n{record.get('body') or ''}"))
 
 
-def fingerprint(record: dict[str, Any]) -> str:
-    """The content fingerprint (see module docstring)."""
+def find_exact(record: dict[str, Any], scan: "LogScan", lexical: "PostingsBM25", alive: np.ndarray) -> int | None:
+    """The position of a live record that is an exact duplicate of ``record``, if any."""
+    want = fingerprint(record)
     terms = content_terms(record)
     if terms:
-        basis = "\x1f".join(sorted(terms))
-    else:  # only stop words or punctuation: fall back to the case-folded, space-normalised text
-        basis = " ".join(f"{record['title']} {record.get('body') or ''}".casefold().split())
-    return hashlib.sha256(basis.encode("utf-8")).hexdigest()[:32]
-
-
-def find_exact(record: dict[str, Any], scan: "LogScan", lexical: "PostingsBM25", alive: np.ndarray) -> int | None:
-    """The position of a live record with the same fingerprint, if any."""
-    terms = content_terms(record)
-    if not terms:
-        return None
-    rarest = min(terms, key=lexical.document_frequency)
-    if lexical.document_frequency(rarest) <= 0:
-        return None  # a term no live record holds: nothing can match
-    want = fingerprint(record)
-    for pos in lexical.postings(rarest).tolist():
+        rarest = min(terms, key=lexical.document_frequency)
+        if lexical.document_frequency(rarest) <= 0:
+            return None  # a term no live record holds: nothing can match
+        candidates = lexical.postings(rarest).tolist()
+    else:  # only stop words or punctuation (rare): compare with every live record of the type
+        candidates = [p for p, r in enumerate(scan.records) if r["type"] == record["type"]]
+    for pos in candidates:
         if pos < len(alive) and alive[pos] and fingerprint(scan.records[pos]) == want:
             return pos
     return None
@@ -72,20 +96,41 @@ def nearest(vectors: np.ndarray, index: "VectorIndex | None", allowed: np.ndarra
     return labels, sims
 
 
-def within_batch(vectors: np.ndarray, keep: np.ndarray, threshold: float) -> list[tuple[int, int, float]]:
-    """Greedy, in batch order: ``(i, j, cosine)`` for each kept vector i that is a near duplicate
-    of an earlier kept vector j; i is then no longer kept (``keep`` is updated)."""
+def within_batch(vectors: np.ndarray, threshold: float) -> list[tuple[int, int, float]]:
+    """``(i, j, cosine)`` for each vector i of a batch whose most similar earlier vector j has a
+    cosine of at least ``threshold``."""
     found = []
     block = 1024
     for a in range(0, len(vectors), block):
         b = min(a + block, len(vectors))
         sims = vectors[a:b] @ vectors[:b].T
-        for i in range(a, b):
-            if not keep[i] or i == 0:
-                continue
-            row = np.where(keep[:i], sims[i - a, :i], -np.inf)
+        for i in range(max(a, 1), b):
+            row = sims[i - a, :i]
             j = int(np.argmax(row))
             if row[j] >= threshold:
-                keep[i] = False
                 found.append((i, j, float(row[j])))
     return found
+
+
+def collapse(ranked: list[Any], vector_of: Callable[[Any], np.ndarray | None], threshold: float
+             ) -> list[list[Any]]:
+    """Group ranked candidates whose vectors are near duplicates of a better-ranked group's first
+    member (cosine ≥ ``threshold``), in rank order.  A candidate without a vector is its own group."""
+    groups: list[list[Any]] = []
+    heads: np.ndarray | None = None  # first members' vectors, one row per group that has one
+    head_group: list[int] = []
+    for cand in ranked:
+        vec = vector_of(cand)
+        if vec is not None and head_group:
+            sims = heads[: len(head_group)] @ vec  # type: ignore[index]
+            best = int(np.argmax(sims))
+            if sims[best] >= threshold:
+                groups[head_group[best]].append(cand)
+                continue
+        groups.append([cand])
+        if vec is not None:
+            if heads is None:
+                heads = np.empty((len(ranked), len(vec)), dtype=np.float32)
+            heads[len(head_group)] = vec
+            head_group.append(len(groups) - 1)
+    return groups

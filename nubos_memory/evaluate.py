@@ -164,7 +164,9 @@ class CachedEmbedder(Embedder):
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("NUBOS_MEMORY_CACHE") or Path.home() / ".cache" / "nubos-memory") / "embeddings"
+    from .modelfiles import user_cache_dir
+
+    return user_cache_dir() / "embeddings"
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -221,7 +223,7 @@ def evaluate(source_config: dict[str, Any], folder: Path, *, split: str = "test"
             for n, qid in enumerate(judged, start=1):
                 t = time.perf_counter()
                 try:
-                    res = mem.query(queries[qid], k=depth, track=False, **kwargs)
+                    res = mem.query(queries[qid], k=depth, track=False, collapse=False, **kwargs)
                 except InputError:  # an empty query text in the dataset: no hits
                     res = {"hits": [], "degraded": None}
                 latencies.append((time.perf_counter() - t) * 1000)

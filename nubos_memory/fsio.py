@@ -24,7 +24,9 @@ def dumps(obj: Any, *, pretty: bool = False) -> bytes:
     """Encode ``obj`` as UTF-8 JSON bytes (no trailing newline).
 
     An integer beyond 64 bits (a user can type one: ``--k 99999999999999999999``)
-    is written as its decimal string rather than failing the whole document.
+    is written as its decimal string, and a string that is not valid Unicode (a path
+    or an environment value of undecodable bytes) with ``\\x..`` escapes for those
+    bytes, rather than failing the whole document.
     """
     option = orjson.OPT_SERIALIZE_NUMPY
     if pretty:
@@ -40,11 +42,22 @@ def _json_safe(obj: Any) -> Any:
         return obj
     if isinstance(obj, int):
         return obj if -(1 << 63) <= obj < (1 << 64) else str(obj)
+    if isinstance(obj, str):
+        return printable(obj)
     if isinstance(obj, dict):
         return {str(k): _json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_json_safe(v) for v in obj]
     return obj
+
+
+def printable(text: str) -> str:
+    """``text`` with any undecodable bytes (lone surrogates from ``surrogateescape``) as ``\\x..``."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 loads = orjson.loads

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 DEFAULT_INCLUDE = ("*.md", "*.markdown")
 SKIP_DIRS = frozenset((".git", ".nubos-pilot", "node_modules", ".venv", "__pycache__"))
 MAX_FILE_BYTES = 5 << 20
+INGEST_REASONS = ("re-ingested", "source-removed")  # the tombstone reasons ingest writes itself
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -74,7 +75,7 @@ def select_files(paths: list[str], root: Path, include: list[str], exclude: list
 
     for arg in paths:
         given = Path(arg)
-        path = (given if given.is_absolute() else Path.cwd() / given)
+        path = given if given.is_absolute() else root / given  # relative to the project, never the cwd
         path = Path(os.path.normpath(path))
         if not _inside(path, root) or not _inside(path.resolve(), root):
             raise InputError(f"{arg!r} is outside the project {str(root)!r}; only project files are ingested",
@@ -159,17 +160,23 @@ def ingest(mem: "Memory", paths: list[str], *, include: list[str] = (), exclude:
         source = rec.get("source_file")
         if source is not None and pos not in scan.dead:
             live_by_source.setdefault(source, set()).add(rec["id"])
+    # Chunks a user forgot, pruned or superseded stay retired while their text is unchanged (a
+    # chunk's id is a hash of its text): only ingest's own retirements are undone by ingesting.
+    user_retired = {rid for rid, pos in scan.position.items()
+                    if pos in scan.dead and scan.dead[pos].get("reason") not in INGEST_REASONS}
     add: list[dict[str, Any]] = []
     retire: dict[str, str] = {}
-    report = {"files": len(files), "new": 0, "changed": 0, "unchanged": 0, "removed": 0}
+    report = {"files": len(files), "new": 0, "changed": 0, "unchanged": 0, "removed": 0, "kept_retired": 0}
     for rel, records in desired.items():
         have = live_by_source.get(rel, set())
         want = {r["id"] for r in records}
-        if want == have:
+        kept_retired = want & user_retired
+        report["kept_retired"] += len(kept_retired)
+        if want - kept_retired == have:
             report["unchanged"] += 1
             continue
         report["new" if not have else "changed"] += 1
-        add += [r for r in records if r["id"] not in have]
+        add += [r for r in records if r["id"] not in have and r["id"] not in kept_retired]
         retire.update({rid: "re-ingested" for rid in sorted(have - want)})
     if prune_missing:
         for source, ids in sorted(live_by_source.items()):
@@ -178,7 +185,7 @@ def ingest(mem: "Memory", paths: list[str], *, include: list[str] = (), exclude:
                 report["removed"] += 1
                 retire.update({rid: "source-removed" for rid in sorted(ids)})
     out: dict[str, Any] = {**report, "added": 0, "retired": 0, "embedded": 0, "skipped": skipped,
-                           "degraded": None, "warnings": []}
+                           "degraded": None, "warnings": scan.warnings()}
     if add or retire:
         written = mem._write(add, forget=list(retire), reasons=retire, verb="memory-ingest", force=True)
         out.update(added=written["added"], retired=len(written["forgotten"]), embedded=written["embedded"],

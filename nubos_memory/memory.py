@@ -9,11 +9,13 @@ new generation (see ``cache.py``).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .cache import DerivedCache
@@ -21,7 +23,7 @@ from .config import MEMORY_DIR, Project, load_project, read_config_file
 from .embedders import Embedder, fingerprint_of, make_embedder
 from .faults import crash_point
 from .errors import (
-    DisabledError, EmbeddingError, InputError, RebuildRequired, StoreError, UsageError,
+    DisabledError, EmbeddingError, InputError, NubosMemoryError, RebuildRequired, StoreError, UsageError,
 )
 from .fsio import DIR_MODE, atomic_write_bytes, dumps, ensure_dir
 from .lexcache import LexicalCache
@@ -36,6 +38,7 @@ RECORDS = "records.jsonl"
 MEMORY_FILES = (RECORDS, RECORDS + ".torn", "manifest.json", "lexical.json", "usage.json", "usage.jsonl",
                 ".lock", ".lock.holder.json", ".gitignore", ".gitattributes", "serve.sock")
 MAX_K = 1000
+SPEC_SHOWN = ("provider", "model", "files", "dim", "template", "pooling")
 MAX_QUERY_CHARS = 10_000
 EMBED_BATCH = 256
 
@@ -64,6 +67,38 @@ class VectorState:
     embedded: int = 0
 
 
+def folder_notices(folder: Path) -> list[dict[str, Any]]:
+    """Warnings about a memory folder that other users could write to (a clone may carry any mode)."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return []
+    out = []
+    if st.st_uid != os.getuid():
+        out.append({"code": "memory-folder-not-owned",
+                    "message": f"the memory folder belongs to uid {st.st_uid}, not to this user; its owner can "
+                               "change every file in it"})
+    if st.st_mode & 0o022:
+        out.append({"code": "memory-folder-writable",
+                    "message": f"the memory folder is writable by group or others (mode {st.st_mode & 0o777:o}): "
+                               "another user could replace its files or put a server in it; memory-serve is not "
+                               f"used. Fix: chmod 700 {folder}"})
+    return out
+
+
+def _answer(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A verb: its answer carries the memory folder's notices in ``warnings``."""
+    @functools.wraps(method)
+    def verb(self: "Memory", *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        if isinstance(result, dict) and self.notices:
+            warnings = result.setdefault("warnings", [])
+            have = {w.get("code") for w in warnings}
+            warnings.extend(n for n in self.notices if n["code"] not in have)
+        return result
+    return verb
+
+
 class Memory:
     """One project's memory.  ``Memory.open()`` finds the project like the CLI does."""
 
@@ -77,6 +112,8 @@ class Memory:
         self.snap = Snapshot(self.log, self.cache, LexicalCache(self.folder, self.folder / RECORDS))
         self.usage = Usage(self.folder)
         self._embedder = embedder
+        self._settle_tried: tuple[int, int] | None = None
+        self.notices: list[dict[str, Any]] = []
         self.params = HnswParams(self.config.hnsw_m, self.config.hnsw_ef_construction, self.config.hnsw_ef_search)
         self._guarded = (project.state_dir, self.folder, project.config_path,
                          *(self.folder / name for name in MEMORY_FILES))  # checked before every verb
@@ -111,6 +148,7 @@ class Memory:
         log and usage files are also opened with ``O_NOFOLLOW``.
         """
         root = self.project.root
+        self.notices = folder_notices(self.folder)
         for path in self._guarded:
             if os.path.islink(path):
                 raise StoreError(f"{path.relative_to(root)} is a symlink; memory files are never followed "
@@ -141,9 +179,8 @@ class Memory:
         return RebuildRequired(
             "the index was built with another embedding model or settings; vectors of the two are never "
             "mixed. Run memory-rebuild.",
-            details={"index": {k: stored.get(k) for k in ("provider", "model", "dim", "template", "pooling", "fingerprint")},
-                     "config": {**{k: ours.get(k) for k in ("provider", "model", "dim", "template", "pooling")},
-                                "fingerprint": fingerprint_of(ours)}},
+            details={"index": {k: stored.get(k) for k in SPEC_SHOWN + ("fingerprint",)},
+                     "config": {**{k: ours.get(k) for k in SPEC_SHOWN}, "fingerprint": fingerprint_of(ours)}},
         )
 
     def _our_embedding(self) -> dict[str, Any]:
@@ -264,6 +301,7 @@ class Memory:
             state.extra = {p: v for p, v in state.extra.items() if state.labels[p] < 0}
 
     # -- verbs -----------------------------------------------------------------------
+    @_answer
     def init(self) -> dict[str, Any]:
         """Create the memory folder and enable memory in the project config."""
         self._check_tree()
@@ -294,27 +332,35 @@ class Memory:
             "config": config.to_dict(),
         }
 
+    @_answer
     def add(self, record: dict[str, Any], *, force: bool = False) -> dict[str, Any]:
         """Add one record (``memory-add``).  ``id`` in the answer is the record that holds it:
-        the new one, or the live record it duplicates (``duplicate_of``)."""
+        the new one, or the live record whose text it repeats exactly (``duplicate_of``).  A near
+        duplicate is stored and named in ``near_duplicate_of`` with its ``similarity``."""
         result = self.index([record], verb="memory-add", force=force)
+        near = result["near_duplicates"][0] if result["near_duplicates"] else None
+        extra = {"near_duplicate_of": near["near_duplicate_of"] if near else None,
+                 "similarity": near["similarity"] if near else None}
         if result["ids"]:
-            return {"id": result["ids"][0], "duplicate_of": None, **result}
+            return {"id": result["ids"][0], "duplicate_of": None, **extra, **result}
         if result["duplicates"]:
             dup = result["duplicates"][0]
-            return {"id": dup["duplicate_of"], "duplicate_of": dup["duplicate_of"], **result}
-        return {"id": result["skipped_ids"][0], "duplicate_of": None, **result}
+            return {"id": dup["duplicate_of"], "duplicate_of": dup["duplicate_of"], **extra, **result}
+        return {"id": result["skipped_ids"][0], "duplicate_of": None, **extra, **result}
 
+    @_answer
     def index(self, raws: list[Any], *, verb: str = "memory-index", force: bool = False) -> dict[str, Any]:
         """Validate a batch whole, append the new records durably, then index them (``memory-index``).
 
-        Records whose id is live are skipped; exact and near duplicates of live
-        records are reported as ``duplicates`` and not stored, unless ``force``.
+        Records whose id is live are skipped; exact duplicates of live records (same type and
+        text, adr/0009) are reported as ``duplicates`` and not stored, unless ``force``.  Near
+        duplicates are stored and reported as ``near_duplicates``.
         """
         self._require_enabled()
         records = validate_batch(raws, self.config.record_types)
         return self._write(records, verb=verb, force=force)
 
+    @_answer
     def forget(self, ids: list[str], *, reason: str = "forgotten") -> dict[str, Any]:
         """Retire records (``memory-forget``): a tombstone per id is appended; the log keeps the records,
         results never show them again, the next rebuild drops their vectors."""
@@ -335,22 +381,23 @@ class Memory:
                reasons: dict[str, str] | None = None) -> dict[str, Any]:
         """The one write path: decide what is new, append records and tombstones as one change, index.
 
-        Cheap decisions (existing id, exact fingerprint) are made first, so a
+        Cheap decisions (existing id, exact duplicate) are made first, so a
         re-logged record embeds nothing; the rest is embedded outside the lock
-        (to look for near duplicates, and to be indexed); then, under the lock,
+        (to be indexed, and to report near duplicates); then, under the lock,
         every decision is re-checked against the log as it is now and the
         change is appended and fsynced before any derived file changes.
         """
         import numpy as np
 
-        from .dedup import fingerprint, find_exact, nearest, within_batch
+        from .dedup import find_exact, fingerprint, nearest, within_batch
 
         self._prepare_folder()
         snap = self.snap
-        dupes: dict[int, dict[str, Any]] = {}  # batch index -> why it is not stored
+        dupes: dict[int, dict[str, Any]] = {}  # batch index -> the live record whose text it repeats
+        near: dict[int, dict[str, Any]] = {}  # batch index -> its most similar live (or earlier) record
         vectors: dict[int, Any] = {}  # batch index -> its vector, when embedded ahead
         degraded = None
-        scan = snap.refresh()
+        scan = snap.refresh()  # an unfinished tail is settled under the lock below, and reported
         checked = (scan.generation, len(scan.records), len(scan.deaths))  # the log the decisions saw
         if records and not force:
             seen: dict[str, int] = {}
@@ -366,31 +413,29 @@ class Memory:
                 hit = find_exact(r, scan, lexical, snap.alive) if lexical is not None else None
                 if hit is not None:
                     dupes[i] = {"duplicate_of": scan.records[hit]["id"], "kind": "exact"}
-            todo = [i for i, r in enumerate(records) if i not in dupes and scan.live(r["id"]) is None]
-            threshold = self.config.near_duplicate
-            if todo and threshold is not None:
-                try:
-                    manifest, index, labels = snap.vectors()
-                    mismatch = self._mismatch(manifest, None) if manifest is not None else None
-                    if mismatch:
-                        raise mismatch
-                    embedded = self._embed([embed_text(records[i]) for i in todo])
-                    vectors = dict(zip(todo, embedded))
-                    live_labels = labels[(labels >= 0) & snap.alive]
-                    near_labels, near_sims = nearest(embedded, index, live_labels)
-                    for i, label, sim in zip(todo, near_labels.tolist(), near_sims.tolist()):
-                        if sim >= threshold:
-                            pos = int(snap.positions_of(np.array([label]))[0])
-                            # A revision resembles what it replaces: that is no duplicate.
-                            if pos >= 0 and scan.records[pos]["id"] != records[i].get("supersedes"):
-                                dupes[i] = {"duplicate_of": scan.records[pos]["id"], "kind": "near",
-                                            "similarity": round(sim, 4)}
-                    keep = np.array([i not in dupes for i in todo])
-                    for a, b, sim in within_batch(embedded, keep, threshold):
-                        dupes[todo[a]] = {"duplicate_of": records[todo[b]]["id"], "kind": "near",
-                                          "similarity": round(sim, 4)}
-                except (StoreError, EmbeddingError, RebuildRequired) as exc:
-                    degraded = exc.to_dict()  # no near-duplicate check; exact ones still hold
+        todo = [i for i, r in enumerate(records) if i not in dupes and scan.live(r["id"]) is None]
+        threshold = self.config.near_duplicate
+        if todo and threshold is not None:
+            try:
+                manifest, index, labels = snap.vectors()
+                mismatch = self._mismatch(manifest, None) if manifest is not None else None
+                if mismatch:
+                    raise mismatch
+                embedded = self._embed([embed_text(records[i]) for i in todo])
+                vectors = dict(zip(todo, embedded))
+                live_labels = labels[(labels >= 0) & snap.alive]
+                near_labels, near_sims = nearest(embedded, index, live_labels)
+                for i, label, sim in zip(todo, near_labels.tolist(), near_sims.tolist()):
+                    if sim >= threshold:
+                        pos = int(snap.positions_of(np.array([label]))[0])
+                        # A revision resembles what it replaces: that is no near duplicate worth naming.
+                        if pos >= 0 and scan.records[pos]["id"] != records[i].get("supersedes"):
+                            near[i] = {"near_duplicate_of": scan.records[pos]["id"], "similarity": round(sim, 4)}
+                for a, b, sim in within_batch(embedded, threshold):
+                    if todo[a] not in near or near[todo[a]]["similarity"] < sim:
+                        near[todo[a]] = {"near_duplicate_of": records[todo[b]]["id"], "similarity": round(sim, 4)}
+            except (StoreError, EmbeddingError, RebuildRequired) as exc:
+                degraded = exc.to_dict()  # no vectors ahead and no near-duplicate report; exact ones still hold
 
         with self.lock.hold(verb):
             scan, recovered = self._refresh_recovered()
@@ -439,12 +484,15 @@ class Memory:
                                    verb=verb, precomputed=precomputed)
         pending = (int(((state.labels < 0) & snap.alive).sum()) - len(state.extra)
                    if state.degraded is None and state.labels is not None else None)
+        stored = set(new_index)
         return {
             "added": len(new),
             "skipped": len(skipped),
             "ids": [r["id"] for r in new],
             "skipped_ids": skipped,
             "duplicates": [{"index": i, "id": records[i]["id"], **d} for i, d in sorted(dupes.items())],
+            "near_duplicates": [{"index": i, "id": records[i]["id"], **d} for i, d in sorted(near.items())
+                                if i in stored],
             "forgotten": forgotten,
             "already_retired": already,
             "indexed": state.indexed,
@@ -468,6 +516,7 @@ class Memory:
         except OSError:
             pass
 
+    @_answer
     def query(
         self,
         text: str | None,
@@ -482,12 +531,13 @@ class Memory:
         mode: str = "hybrid",
         max_tokens: int | None = None,
         track: bool = True,
+        collapse: bool = True,
     ) -> dict[str, Any]:
         """Hybrid search (``memory-query``); see ``fusion.py`` for the scoring.
 
         ``max_tokens`` keeps the best hits whose markdown blocks fit the budget
         (``context.py``).  ``track`` records the returned hits as retrieved
-        (usage, for ``memory-prune``).
+        (usage, for ``memory-prune``).  ``collapse`` shows near duplicates as one hit (adr/0009).
         """
         from .context import fit_budget
         from .query import MODES, run_query
@@ -515,7 +565,7 @@ class Memory:
             raise InputError("max_tokens must be a positive integer", code="query-invalid-max-tokens",
                              details={"max_tokens": max_tokens})
         result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
-                           fusion=fusion, explain=explain, mode=mode)
+                           fusion=fusion, explain=explain, mode=mode, collapse=collapse)
         if max_tokens is not None:
             result["hits"], result["budget"] = fit_budget(result["hits"], max_tokens)
         if track and result["hits"] and not self.usage.record([h["id"] for h in result["hits"]]):
@@ -523,17 +573,18 @@ class Memory:
                                        "message": "could not append to usage.jsonl; retrievals are not counted"})
         return result
 
-    def rebuild(self, progress: Progress | None = None) -> dict[str, Any]:
+    @_answer
+    def rebuild(self, progress: Progress | None = None, *, reembed: bool = False) -> dict[str, Any]:
         """Rebuild every derived file from ``records.jsonl`` (``memory-rebuild``).
 
-        Vectors of unchanged text under the same fingerprint are reused; the
-        graph is built fresh, in file order, single-threaded, fixed seed.
+        Vectors of unchanged text under the same fingerprint are reused unless
+        ``reembed``; the graph is built fresh, in file order, single-threaded, fixed seed.
         """
         import numpy as np
 
         self._require_enabled()
         self._prepare_folder()
-        scan = self.snap.refresh()
+        scan = self.scan()
         all_hashes = self.snap.ensure_hashes()
         live = [p for p in range(len(scan.records)) if p not in scan.dead]  # the dead are not indexed
         records = [scan.records[p] for p in live]
@@ -545,7 +596,7 @@ class Memory:
             manifest, current = self.cache.load_current()
         except StoreError:
             manifest, current = None, None  # whatever is broken is replaced, on explicit request
-        if manifest is not None and current is not None and manifest["embedding"].get("fingerprint") == ours[
+        if not reembed and manifest is not None and current is not None and manifest["embedding"].get("fingerprint") == ours[
             "fingerprint"
         ]:
             reuse = {h: i for i, h in enumerate(current.hashes)}
@@ -592,6 +643,7 @@ class Memory:
             "warnings": scan.warnings(),
         }
 
+    @_answer
     def compact(self, progress: Progress | None = None) -> dict[str, Any]:
         """Rewrite ``records.jsonl`` with only its live records (``memory-compact``).
 
@@ -631,6 +683,7 @@ class Memory:
             "recovered": recovered,
         }
 
+    @_answer
     def prune(self, unused_for: str, *, dry_run: bool = False) -> dict[str, Any]:
         """Retire never-retrieved records older than the window (``memory-prune``).
 
@@ -645,10 +698,10 @@ class Memory:
         now = time.time()
         cutoff = now - window
         since, usage = self.usage.summary()
-        scan = self.snap.refresh()
+        scan = self.scan()
         out: dict[str, Any] = {"dry_run": dry_run, "unused_for": unused_for, "retired": [],
                                "kept": {"recent": 0, "retrieved": 0, "unknown_age": 0},
-                               "tracked_since": epoch_to_iso(since), "warnings": []}
+                               "tracked_since": epoch_to_iso(since), "warnings": scan.warnings()}
         if since is None or since > cutoff:
             out["warnings"].append({
                 "code": "usage-history-too-short",
@@ -676,6 +729,7 @@ class Memory:
         out["count"] = len(doomed)
         return out
 
+    @_answer
     def ingest(self, paths: list[str], *, include: list[str] = (), exclude: list[str] = (),  # type: ignore[assignment]
                prune_missing: bool = False, record_type: str | None = None) -> dict[str, Any]:
         """Index markdown files and folders, idempotently (``memory-ingest``; see ``ingest.py``)."""
@@ -687,6 +741,7 @@ class Memory:
         return ingest(self, paths, include=include, exclude=exclude, prune_missing=prune_missing,
                       record_type=record_type)
 
+    @_answer
     def stats(self) -> dict[str, Any]:
         """Counts, model, timestamps and a consistency report (never loads the model)."""
         from .stats import collect_stats
@@ -695,8 +750,23 @@ class Memory:
         return collect_stats(self)
 
     def scan(self) -> LogScan:
-        """Read ``records.jsonl`` (tolerating damage; see ``recordlog.py``), incrementally."""
-        return self.snap.refresh()
+        """Read ``records.jsonl`` (tolerating damage; see ``recordlog.py``), incrementally.
+
+        If the log ends in an unfinished write and no writer holds the lock right now, that
+        write is not in progress: it is settled here as the next writer would (``recordlog``),
+        so a crash's or a hand edit's leftovers never hide records until the next write.
+        """
+        scan = self.snap.refresh()
+        tail = scan.partial_tail
+        if tail is not None and (scan.inode, scan.size) != self._settle_tried:
+            self._settle_tried = (scan.inode, scan.size)
+            try:
+                with self.lock.try_hold("settle-log") as got:
+                    if got:
+                        scan, _ = self._refresh_recovered()
+            except (OSError, NubosMemoryError):
+                pass  # a read-only memory: the tail stays unapplied and reported
+        return scan
 
 
 __all__ = ["Memory", "VectorState", "RECORDS", "MEMORY_DIR", "SCHEMA_VERSION"]

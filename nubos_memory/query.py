@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .dedup import collapse as collapse_near
 from .errors import EmbeddingError, StoreError
 from .fusion import Candidate, bm25_normaliser, fuse_alpha, fuse_rrf, importance_factor
 from .tokenize import tokenize
@@ -56,11 +57,23 @@ def _vector_side(mem: "Memory", state: Any, text: str, scope: np.ndarray, allowe
     return cosine, vec_rank, int(len(scope) - len(with_vec) - len(extra))
 
 
+def _vector_of(state: Any, position: int) -> np.ndarray | None:
+    """The vector a query compared for a record, if it has one."""
+    label = state.labels[position] if position < len(state.labels) else -1
+    if label >= 0 and state.index is not None:
+        return state.index.vectors[label]
+    return state.extra.get(position)
+
+
 def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str | None, tags: list[str],
-              alpha: float, fusion: str, explain: bool, mode: str = "hybrid") -> dict[str, Any]:
+              alpha: float, fusion: str, explain: bool, mode: str = "hybrid", collapse: bool = True
+              ) -> dict[str, Any]:
     """Answer one query; never fails because of the vector layer (it reports ``degraded``).
 
-    ``mode`` "lexical" or "vector" ranks by one signal only (used by memory-eval).
+    ``mode`` "lexical" or "vector" ranks by one signal only (used by memory-eval).  With
+    ``collapse``, near duplicates among the hits (cosine ≥ ``memory.near_duplicate``) are one hit:
+    the newest of them is shown, ranked and scored as the best of them, the others counted in
+    its ``collapsed`` field (``dedup.collapse``).
     """
     cfg = mem.config
     scan = mem.scan()
@@ -99,6 +112,7 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
 
     cosine: dict[int, float] = {}
     vec_rank: dict[int, int] = {}
+    state = None
     if mode != "lexical":
         state = mem._sync_vectors(allowed, cap=cfg.max_pending_embed, blocking=False, verb="memory-query")
         degraded = state.degraded
@@ -143,9 +157,19 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
         c.fused = c.score
         c.score *= importance_factor(records[c.position].get("importance"))
     kept.sort(key=lambda c: (-c.score, c.position))
-    for c in kept[:k]:
+    threshold = cfg.near_duplicate
+    if collapse and threshold is not None and state is not None and state.degraded is None:
+        groups = collapse_near(kept, lambda c: _vector_of(state, c.position), threshold)
+    else:
+        groups = [[c] for c in kept]
+    for group in groups[:k]:
+        c = max(group, key=lambda g: g.position)  # the newest of near duplicates is shown
         rec = records[c.position]
-        hit: dict[str, Any] = {"id": rec["id"], "score": round(c.score, 6), "retrieval": c.retrieval, "record": rec}
+        hit: dict[str, Any] = {"id": rec["id"], "score": round(group[0].score, 6), "retrieval": c.retrieval,
+                               "record": rec}
+        if len(group) > 1:
+            hit["collapsed"] = {"count": len(group) - 1,
+                                "ids": [records[g.position]["id"] for g in group if g is not c]}
         if explain:
             hit["explain"] = {
                 "lexical": {"raw": round(c.lexical_raw, 6), "normalised": round(c.lexical_norm, 6),

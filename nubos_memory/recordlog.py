@@ -2,31 +2,54 @@
 
 Each line is a record, or an operation on records (adr/0008)::
 
-    {"id": ..., "type": ..., ...}                           a record (``records.py``)
+    {"id": ..., "type": ..., ...}                              a record (``records.py``)
     {"op": "forget", "id": "X", "at": "...", "reason": "..."}  X no longer appears anywhere
-    {"op": "group", "lines": K}                             the next K lines are one change
+    {"op": "group", "lines": K, "gid": G}                      the next K lines are one change ...
+    {"op": "commit", "gid": G}                                 ... which ends here
+    {"op": "rollback", "gid": G}                               ... or was abandoned by a crashed writer
 
 A record may name the id it replaces (``"supersedes": "X"``): X is then dead
 like a forgotten one.  Dead records keep their position (so every derived
 array stays aligned) but never appear in results; a later record with a dead
-id brings that id back, at a new position.
+id brings that id back, at a new position.  A record line without an ``id``
+(written by hand) gets a stable id derived from its content (``records.py``).
 
-A *group* makes a change of several lines all-or-nothing for readers: its
-lines are applied only once all K are present.  A crash in the middle of a
-group leaves it incomplete; readers never apply it, and the next writer sets
-it aside like a torn line (:meth:`RecordLog.recover_tail`).
+**Groups** make a change of several lines all-or-nothing for readers: a
+writer appends header, lines and commit in one ``write``.  A reader applies
+the group's lines when it reaches the commit line.  Hand edits, merge
+conflict resolutions and reverts must never hide what is in the file, so a
+damaged group is applied line by line and reported, never held back:
+
+* a commit after fewer or more lines than the header declared: applied,
+  reported (``records-group-damaged``);
+* no commit after the declared lines, or another group header first: the
+  lines are applied where the group should have ended, reported;
+* a commit, rollback or group line that belongs to no open group: ignored,
+  reported (``records-stray-op``);
+* groups written before the commit line existed (no ``gid``) end after
+  their K lines, as they always did.
+
+Only two things count as *a write in progress* and are held back: bytes
+after the last newline (a torn line), and a group still open at the very end
+of the file.  Once no writer is running (whoever holds the write lock knows
+that), :meth:`RecordLog.recover_tail` settles them by *appending*: a group
+whose lines are all present gets its commit line (it is applied), one that
+ends in a torn line was cut by a crash and gets a rollback line (its
+complete lines stay in the file, unapplied: nobody was told they were
+saved); a torn line that is a complete record only lost its newline, which
+is added; any other torn bytes are copied to ``records.jsonl.torn`` and cut.
+That cut is the only way bytes leave the log outside ``memory-compact``,
+and those bytes were never acknowledged to anyone.
 
 Reading tolerates damage: a line that is not valid UTF-8, JSON, a valid
 record or a known operation is skipped and reported with its 1-based line
-number; a repeated id of a live record keeps its first occurrence.  A last
-line without its newline is, for a reader, a write in progress and is
-ignored; for a writer (who holds the lock, so no write can be in progress)
-it is a torn write left by a crash.
+number; a repeated id of a live record keeps its first occurrence.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +63,9 @@ MAX_LINE = 1 << 20  # bytes; a longer line is reported, never parsed
 MAX_GROUP = 1_000_000
 EXCERPT = 80
 GUARD = 4096
+MAX_REPORTED = 1000  # problems of one kind kept in a scan (their total is always counted)
+
+GROUP_OPS = ("group", "commit", "rollback")
 
 
 @dataclass
@@ -49,7 +75,10 @@ class LogScan:
     records: list[dict[str, Any]] = field(default_factory=list)  # every accepted record line, dead ones too
     corrupt: list[dict[str, Any]] = field(default_factory=list)
     duplicates: list[dict[str, Any]] = field(default_factory=list)
-    partial_tail: dict[str, Any] | None = None
+    damaged_groups: list[dict[str, Any]] = field(default_factory=list)  # applied line by line, see docstring
+    stray_ops: list[dict[str, Any]] = field(default_factory=list)
+    rolled_back: list[dict[str, Any]] = field(default_factory=list)  # groups a crashed writer left, never applied
+    partial_tail: dict[str, Any] | None = None  # a write in progress, or a crash's leftovers
     size: int = 0
     lines: int = 0
     # Where parsing stopped (just after the last applied line) and how to tell that the
@@ -62,7 +91,7 @@ class LogScan:
     line_of: list[int] = field(default_factory=list)  # index in ``records`` -> 1-based line number
     dead: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> why it is dead
     deaths: list[int] = field(default_factory=list)  # dead indexes in the order they died
-    ops: int = 0  # operation lines applied (forget, group)
+    ops: int = 0  # operation lines applied (forget, group, commit, rollback)
 
     def ids(self) -> set[str]:
         """Ids of live records."""
@@ -77,10 +106,35 @@ class LogScan:
     def live_count(self) -> int:
         return len(self.records) - len(self.dead)
 
-    def warnings(self) -> list[dict[str, Any]]:
-        """Problems worth telling the caller about, capped for output size."""
-        out = [{"code": "records-corrupt-line", **c} for c in self.corrupt[:20]]
-        out += [{"code": "records-duplicate-id", **d} for d in self.duplicates[:20]]
+    def warnings(self, limit: int = 20) -> list[dict[str, Any]]:
+        """Damage worth telling every caller about, ``limit`` of each kind (``problems`` has all counts)."""
+        out = [{"code": "records-corrupt-line", **c} for c in self.corrupt[:limit]]
+        out += [{"code": "records-duplicate-id", **d} for d in self.duplicates[:limit]]
+        out += [{"code": "records-group-damaged", **g} for g in self.damaged_groups[:limit]]
+        out += [{"code": "records-stray-op", **s} for s in self.stray_ops[:limit]]
+        if self.partial_tail is not None:
+            out.append({"code": "records-unfinished-write", **self.partial_tail,
+                        "message": "the end of records.jsonl is a write in progress or a crashed writer's "
+                                   "leftovers; it is not applied yet and is settled by the next write "
+                                   "(nothing complete is ever dropped)"})
+        return out
+
+    def problems(self) -> list[dict[str, Any]]:
+        """Every kind of damage, with its count and where it is (``memory-stats``)."""
+        out = []
+        for code, items, what in (
+            ("records-corrupt-line", self.corrupt, "line(s) that are not valid records or operations were skipped"),
+            ("records-duplicate-id", self.duplicates, "line(s) repeat the id of a live record; the first is kept"),
+            ("records-group-damaged", self.damaged_groups, "change(s) of several lines are damaged (a hand edit?); "
+                                                           "their lines were applied one by one"),
+            ("records-stray-op", self.stray_ops, "group/commit/rollback line(s) belong to no change; ignored"),
+        ):
+            if items:
+                out.append({"code": code, "message": f"{len(items)} {what}", "count": len(items),
+                            "lines": [i["line"] for i in items[:50]]})
+        if self.partial_tail is not None:
+            out.append({"code": "records-unfinished-write", "message": "records.jsonl ends in an unfinished write "
+                        f"from line {self.partial_tail['line']}; the next write settles it", **self.partial_tail})
         return out
 
 
@@ -129,6 +183,57 @@ def _excerpt(raw: bytes) -> str:
 def forget_op(rid: str, reason: str = "forgotten") -> dict[str, Any]:
     """The log line that retires a record."""
     return {"op": "forget", "id": rid, "at": now_iso(), "reason": reason}
+
+
+def _gid(obj: dict[str, Any]) -> str | None:
+    gid = obj.get("gid")
+    return gid if isinstance(gid, str) else None
+
+
+def _classify(raw: bytes) -> tuple[str, Any, str | None]:
+    """``(kind, parsed, reason)``: kind is record, forget, group, commit, rollback or corrupt."""
+    if len(raw) > MAX_LINE:
+        return "corrupt", None, f"line longer than {MAX_LINE} bytes"
+    try:
+        obj = loads(raw)
+    except JSONDecodeError as exc:
+        return "corrupt", None, "invalid UTF-8" if "utf-8" in str(exc).lower() else "invalid JSON"
+    if type(obj) is dict and "op" in obj:
+        op = obj.get("op")
+        if op == "group":
+            count = obj.get("lines")
+            if type(count) is int and 0 < count <= MAX_GROUP:
+                return "group", obj, None
+            return "corrupt", None, "group: lines must be a positive integer"
+        if op in ("commit", "rollback"):
+            return op, obj, None
+        if op == "forget":
+            if type(obj.get("id")) is str and obj["id"]:
+                return "forget", obj, None
+            return "corrupt", None, "forget: id must be a non-empty string"
+        return "corrupt", None, f"unknown op {str(op)[:40]!r}"
+    if _trusted(obj):
+        return "record", obj, None
+    rec, err = check_record(obj, None)
+    if err is not None:
+        return "corrupt", None, f"{err['code']}: {err['message']}"
+    return "record", rec, None
+
+
+@dataclass
+class _Group:
+    """A group being read: its lines are applied at its end (or never, if rolled back)."""
+
+    line: int  # of the header
+    declared: int
+    gid: str | None
+    start: int  # byte offset (in the parsed buffer) of the header
+    members: list[tuple[str, Any, int, bytes]] = field(default_factory=list)  # (kind, obj, line, raw)
+    notes: list[dict[str, Any]] = field(default_factory=list)  # stray ops met inside, reported on close
+
+    @property
+    def awaiting_commit(self) -> bool:
+        return self.gid is not None and len(self.members) >= self.declared
 
 
 class RecordLog:
@@ -183,73 +288,101 @@ class RecordLog:
         scan.size = base + len(data)
         number = scan.lines
         pos = start
-        stop = end  # where applied lines end; earlier than ``end`` if a group is incomplete
-        pending = None
+        settled, settled_lines = start, number  # applied bytes end here, after this many lines
+        group: _Group | None = None
         while pos < end:
             nl = data.index(b"\n", pos)
             raw = data[pos:nl]
             line_start, pos = pos, nl + 1
             number += 1
             if not raw or raw.isspace():
+                if group is None:
+                    settled, settled_lines = pos, number
                 continue
-            reason, obj = None, None
-            if len(raw) > MAX_LINE:
-                reason = f"line longer than {MAX_LINE} bytes"
-            else:
-                try:
-                    obj = loads(raw)
-                except JSONDecodeError as exc:
-                    reason = "invalid UTF-8" if "utf-8" in str(exc).lower() else "invalid JSON"
-            if reason is None and type(obj) is dict and "op" in obj:
-                op = obj.get("op")
-                if op == "group":
-                    count = obj.get("lines")
-                    if type(count) is int and 0 < count <= MAX_GROUP:
-                        if not _has_lines(data, pos, end, count):
-                            pending = {"line": number, "lines": count}
-                            number -= 1
-                            stop = line_start
-                            break
+            kind, obj, reason = _classify(raw)
+            if group is not None:
+                if group.awaiting_commit and not (kind == "commit" and _gid(obj) == group.gid):
+                    self._close(scan, group, "no commit line after its lines")
+                    group = None  # and this line is read as if no group were open
+                elif kind == "commit" or kind == "rollback":
+                    if _gid(obj) == group.gid:
+                        if kind == "commit":
+                            self._close(scan, group, None)
+                        else:
+                            self._close(scan, group, None, apply=False, end_line=number)
                         scan.ops += 1
-                        continue
-                    reason = "group: lines must be a positive integer"
-                elif op == "forget":
-                    if type(obj.get("id")) is str and obj["id"]:
-                        self._forget(scan, obj, number)
-                        scan.ops += 1
-                        continue
-                    reason = "forget: id must be a non-empty string"
-                else:
-                    reason = f"unknown op {str(op)[:40]!r}"
-            if reason is None:
-                if _trusted(obj):
-                    rec = obj
-                else:
-                    rec, err = check_record(obj, None)
-                    if err is not None:
-                        reason = f"{err['code']}: {err['message']}"
-                if reason is None:
-                    self._record(scan, rec, number)  # type: ignore[arg-type]
+                        group = None
+                        settled, settled_lines = pos, number
+                    else:
+                        group.notes.append({"line": number, "op": kind})
                     continue
-            scan.corrupt.append({"line": number, "reason": reason, "excerpt": _excerpt(raw)})
-        scan.lines = number
-        tail = data[max(stop, start):]
-        if pending is not None:
-            scan.partial_tail = {"line": number + 1, "bytes": len(tail), "excerpt": _excerpt(tail),
-                                 "incomplete_group": pending}
+                elif kind == "group":
+                    self._close(scan, group, "a new change began before its commit line")
+                    group = None
+                else:
+                    group.members.append((kind, obj if kind != "corrupt" else reason, number, raw))
+                    if group.gid is None and len(group.members) >= group.declared:  # a group of the old format
+                        self._close(scan, group, None)
+                        group = None
+                        settled, settled_lines = pos, number
+                    continue
+            if kind == "group":
+                group = _Group(line=number, declared=obj["lines"], gid=_gid(obj), start=line_start)
+                continue
+            self._apply(scan, kind, obj, reason, number, raw)
+            settled, settled_lines = pos, number
+        if group is not None:  # open at the end of the file: a write in progress
+            settled, settled_lines = group.start, group.line - 1
+        scan.lines = settled_lines
+        tail = data[max(settled, start):]
+        if tail:
+            scan.partial_tail = {"line": settled_lines + 1, "bytes": len(tail), "excerpt": _excerpt(tail)}
+            if group is not None:
+                scan.partial_tail["open_group"] = {"line": group.line, "lines": group.declared, "gid": group.gid,
+                                                   "present": len(group.members)}
         else:
-            scan.partial_tail = ({"line": number + 1, "bytes": len(tail), "excerpt": _excerpt(tail)}
-                                 if tail else None)
-        if stop > start:
-            scan.offset = base + stop
-            scan.guard = data[max(0, stop - GUARD):stop]
+            scan.partial_tail = None
+        if settled > start:
+            scan.offset = base + settled
+            scan.guard = data[max(0, settled - GUARD):settled]
+
+    def _apply(self, scan: LogScan, kind: str, obj: Any, reason: str | None, number: int, raw: bytes) -> None:
+        if kind == "record":
+            self._record(scan, obj, number)
+        elif kind == "forget":
+            self._forget(scan, obj, number)
+            scan.ops += 1
+        elif kind in GROUP_OPS:
+            _note(scan.stray_ops, {"line": number, "op": kind})
+        else:
+            _note(scan.corrupt, {"line": number, "reason": reason, "excerpt": _excerpt(raw)})
+
+    def _close(self, scan: LogScan, group: _Group, damage: str | None, *, apply: bool = True,
+               end_line: int | None = None) -> None:
+        """End a group: apply its lines (or, rolled back, record that they were never applied)."""
+        scan.ops += 1  # its header (a commit or rollback line is counted by the caller)
+        if not apply:
+            last = group.members[-1][2] if group.members else group.line
+            _note(scan.rolled_back, {"line": group.line, "lines": len(group.members), "through": last,
+                                     "rollback_line": end_line})
+            return
+        if damage is None and group.gid is not None and len(group.members) != group.declared:
+            damage = f"{len(group.members)} line(s) where the header declared {group.declared}"
+        if damage is not None:
+            _note(scan.damaged_groups, {"line": group.line, "declared": group.declared,
+                                        "found": len(group.members), "problem": damage})
+        for note in group.notes:
+            _note(scan.stray_ops, note)
+        for kind, obj, number, raw in group.members:
+            self._apply(scan, kind, obj if kind != "corrupt" else None, obj if kind == "corrupt" else None,
+                        number, raw)
 
     @staticmethod
     def _record(scan: LogScan, rec: dict[str, Any], number: int) -> None:
         rid = rec["id"]
         first = scan.position.get(rid)
         if first is not None and first not in scan.dead:
-            scan.duplicates.append({"line": number, "id": rid, "first_line": scan.line_of[first]})
+            _note(scan.duplicates, {"line": number, "id": rid, "first_line": scan.line_of[first]})
             return
         at = len(scan.records)
         scan.position[rid] = at
@@ -271,15 +404,16 @@ class RecordLog:
             scan.deaths.append(target)
 
     def recover_tail(self, scan: LogScan) -> dict[str, Any] | None:
-        """Under the lock, with ``scan`` just refreshed: deal with bytes a crashed writer left.
+        """Under the lock, with ``scan`` just refreshed: settle what a crashed writer left.
 
         Everything after ``scan.offset`` was never acknowledged to its writer
-        (no writer is running: we hold the lock).  A single line that is a
-        complete valid record or operation only lost its newline: the newline
-        is added.  Anything else (a torn line, an incomplete group) is copied
-        to ``records.jsonl.torn``, so no byte is lost, and cut from the log,
-        so the next append starts on a clean line.
+        (no writer is running: we hold the lock).  See the module docstring
+        for what is done; nothing complete is ever removed.  Returns what was
+        done, or None when there was nothing to settle.
         """
+        tail = scan.partial_tail
+        if tail is None:
+            return None
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
@@ -289,42 +423,60 @@ class RecordLog:
         with open(self.path, "rb") as f:
             f.seek(scan.offset)
             fragment = f.read(size - scan.offset)
-        line = scan.lines + 1
-        if b"\n" not in fragment:
+        complete = fragment.rfind(b"\n") + 1
+        torn = fragment[complete:]
+        out: dict[str, Any] = {"line": tail["line"]}
+        cut = False
+        if torn:
+            obj: Any = None
             try:
-                obj = loads(fragment)
+                obj = loads(torn)
             except JSONDecodeError:
-                obj = None
-            complete = (type(obj) is dict and obj.get("op") == "forget" and type(obj.get("id")) is str) or (
-                obj is not None and check_record(obj, None)[1] is None)
-            if complete:
-                self._append_bytes(b"\n")
-                return {"line": line, "action": "completed",
-                        "id": obj.get("id") if isinstance(obj, dict) else None}  # type: ignore[union-attr]
-        torn = self.path.with_name(self.path.name + ".torn")
-        fd = os.open(torn, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+                pass
+            kind = _classify(torn)[0] if obj is not None else "corrupt"
+            if kind in ("record", "forget", "commit", "rollback"):
+                self._append_bytes(b"\n")  # only the newline was lost
+                out.update(action="completed", id=obj.get("id") if kind == "record" else None)
+            else:
+                self._set_aside(scan.offset + complete, torn)
+                out.update(action="set-aside", bytes=len(torn), saved_to=self.path.name + ".torn")
+                cut = True
+        group = tail.get("open_group")
+        if group is not None:
+            # A group cut by a torn line was a crash mid-write: roll it back. One whose lines are all
+            # there lost at most its commit line (a crash at a line boundary, or a hand edit): commit it.
+            op = "rollback" if cut else "commit"
+            self._append_bytes(dumps({"op": op, "gid": group["gid"], "at": now_iso()}) + b"\n")
+            out.update(action=f"group-{'rolled-back' if cut else 'committed'}", open_group=group)
+        return out
+
+    def _set_aside(self, at: int, torn: bytes) -> None:
+        """Copy torn bytes to ``records.jsonl.torn`` (kept, fsynced) and cut them from the log."""
+        path = self.path.with_name(self.path.name + ".torn")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
         try:
-            os.write(fd, fragment + (b"" if fragment.endswith(b"\n") else b"\n"))
+            os.write(fd, torn + b"\n")
             os.fsync(fd)
         finally:
             os.close(fd)
         with open(self.path, "r+b") as f:
-            f.truncate(scan.offset)
+            f.truncate(at)
             f.flush()
             os.fsync(f.fileno())
-        return {"line": line, "action": "set-aside", "bytes": len(fragment), "saved_to": torn.name,
-                "incomplete_group": (scan.partial_tail or {}).get("incomplete_group")}
 
     def append(self, records: list[dict[str, Any]], ops: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
         """Append records and operations as one durable change (fsynced before returning).
 
-        More than one line is written as a group, so readers see all of it or none.
+        More than one line is written as a group (header, lines, commit), so
+        readers see all of it or none.
         """
         lines = [dumps(r) for r in records] + [dumps(o) for o in ops]
         if not lines:
             return
         if len(lines) > 1:
-            lines.insert(0, dumps({"op": "group", "lines": len(lines)}))
+            gid = secrets.token_hex(6)
+            lines.insert(0, dumps({"op": "group", "lines": len(lines), "gid": gid}))
+            lines.append(dumps({"op": "commit", "gid": gid}))
         self._append_bytes(b"\n".join(lines) + b"\n")
 
     def _append_bytes(self, data: bytes) -> None:
@@ -346,11 +498,9 @@ class RecordLog:
             fsync_dir(self.path.parent)
 
 
-def _has_lines(data: bytes, pos: int, end: int, count: int) -> bool:
-    """Whether ``data[pos:end]`` holds at least ``count`` complete lines."""
-    for _ in range(count):
-        nl = data.find(b"\n", pos, end)
-        if nl == -1:
-            return False
-        pos = nl + 1
-    return True
+def _note(items: list[dict[str, Any]], item: dict[str, Any]) -> None:
+    """Keep a problem (the first ``MAX_REPORTED`` of a kind in full; later ones only counted)."""
+    if len(items) < MAX_REPORTED:
+        items.append(item)
+    else:
+        items.append({"line": item["line"]})

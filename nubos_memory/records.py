@@ -20,6 +20,7 @@ record that was only reasoning is refused (``record-only-reasoning``).
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import uuid
 from datetime import datetime, timezone
@@ -97,6 +98,13 @@ def valid_importance(value: Any) -> bool:
 def valid_id(value: Any) -> bool:
     """Whether ``value`` is a well-formed record id."""
     return isinstance(value, str) and 0 < len(value) <= MAX_ID and bool(_ID.match(value))
+
+
+def derived_id(record: dict[str, Any]) -> str:
+    """A stable id for a log line written without one: a hash of its content (adr/0008)."""
+    body = {k: v for k, v in record.items() if k != "id"}
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+    return f"line-{digest[:24]}"
 
 
 def embed_text(record: dict[str, Any]) -> str:
@@ -226,7 +234,7 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> dict[str, Any]:
         raise _Fail("record-unknown-field", f"unknown field(s): {', '.join(map(str, unknown))}", unknown[0])
     rid = raw.get("id")
     if rid is None:
-        rid = str(uuid.uuid4())
+        rid = str(uuid.uuid4()) if types is not None else ""  # read from the log: derived below
     elif not valid_id(rid):
         raise _Fail(
             "record-invalid-id",
@@ -275,6 +283,8 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> dict[str, Any]:
         "created_at": _created_at(raw.get("created_at"), stored=types is None),
     }
     _optional(raw, out)
+    if not rid:  # a hand-written line without an id: the same line always gets the same id
+        out["id"] = rid = derived_id(out)
     if out.get("supersedes") == rid:
         raise _Fail("record-invalid-supersedes", "a record cannot supersede itself", "supersedes")
     return out

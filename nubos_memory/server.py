@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from . import cli
-from .client import connect, recv_message, send_message, socket_path
+from .client import connect, peer_uid, recv_message, send_message, socket_path
 from .errors import InputError
 from .fsio import DIR_MODE, dumps
 from .warm import WarmMemory
@@ -72,6 +72,11 @@ class Server:
 
     def handle(self, conn: socket.socket) -> None:
         with conn:
+            try:
+                if peer_uid(conn) not in (None, os.getuid()):
+                    return  # the socket is owner-only; a peer of another uid should not exist at all
+            except OSError:
+                return
             conn.settimeout(30)
             try:
                 request = recv_message(conn)

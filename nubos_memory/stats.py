@@ -12,6 +12,10 @@ from typing import TYPE_CHECKING, Any
 from .errors import RebuildRequired, StoreError
 from .records import SCHEMA_VERSION
 
+# Problems that already say why vectors are missing (no separate "index-behind" then).
+VECTOR_BLOCKERS = ("memory-rebuild-required", "manifest-corrupt", "manifest-untrusted", "index-missing",
+                   "index-corrupt", "keymap-corrupt", "vectors-corrupt")
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -67,8 +71,15 @@ def collect_stats(mem: "Memory") -> dict[str, Any]:
     if index is not None and index_count is not None and index_count != keymap_count:
         problems.append({"code": "index-keymap-mismatch",
                          "message": f"index holds {index_count} vectors, keymap {keymap_count}"})
-    if scan.corrupt:
-        problems.append({"code": "records-corrupt-line", "message": f"{len(scan.corrupt)} corrupt line(s) skipped"})
+    problems += scan.problems()
+    if pending and not any(p["code"] in VECTOR_BLOCKERS for p in problems):
+        problems.append({"code": "index-behind", "count": pending,
+                         "message": f"{pending} live record(s) have no vector yet; the next write or query "
+                                    "embeds them, or run memory-rebuild"})
+    if stale:
+        problems.append({"code": "index-stale", "count": stale,
+                         "message": f"the index holds {stale} vector(s) of ids the log does not hold (a hand edit); "
+                                    "memory-rebuild drops them"})
     embedding = (manifest or {}).get("embedding") or {}
     reasons: dict[str, int] = {}
     for info in scan.dead.values():
@@ -100,6 +111,8 @@ def collect_stats(mem: "Memory") -> dict[str, Any]:
             "corrupt_count": len(scan.corrupt),
             "duplicate_ids": scan.duplicates[:50],
             "partial_tail": scan.partial_tail,
+            "damaged_groups": scan.damaged_groups[:50],
+            "rolled_back": scan.rolled_back[:50],
             "fingerprint_match": fingerprint_match,
             "consistent": not problems and pending == 0 and stale == 0,
             "problems": problems,

@@ -9,6 +9,10 @@ by ``TOKENIZER_VERSION``):
   ``dispatch``, and ``getUserById`` yields ``getuserbyid``, ``get``, ``user``,
   ``by``, ``id``: agents write code names, and queries rarely spell them whole.
 * English stop words are dropped, so a query of only stop words has no terms.
+* Chinese, Japanese and Korean are written without spaces between words, so a
+  run of their characters becomes overlapping character bigrams (``数据库迁移`` →
+  ``数据 据库 库迁 迁移``; a lone character stays a unigram), as Lucene's CJK
+  analyzer does: any substring of two or more characters then matches.
 """
 
 from __future__ import annotations
@@ -16,9 +20,14 @@ from __future__ import annotations
 import re
 import unicodedata
 
-TOKENIZER_VERSION = 1
+TOKENIZER_VERSION = 2
 
 _WORD = re.compile(r"\w+")
+# Han (with extensions and compatibility ideographs), Hiragana, Katakana (and its extensions),
+# Bopomofo, Hangul syllables and jamo: scripts written without spaces between words.
+_CJK_CHARS = ("\u1100-\u11ff\u3040-\u30ff\u3100-\u312f\u3130-\u318f\u31a0-\u31ff\u3400-\u4dbf"
+              "\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f")
+_CJK = re.compile(f"[{_CJK_CHARS}]+")
 
 STOP_WORDS = frozenset(
     """
@@ -73,10 +82,36 @@ def _parts(word: str) -> list[str]:
     return parts
 
 
+def _cjk_terms(run: str, out: list[str]) -> None:
+    """Overlapping bigrams of a run of CJK characters (the character itself when it is alone)."""
+    if len(run) == 1:
+        out.append(run)
+    else:
+        out.extend(run[i:i + 2] for i in range(len(run) - 1))
+
+
 def tokenize(text: str) -> list[str]:
     """Return the lexical terms of ``text`` in order (repeats kept)."""
     out: list[str] = []
-    for word in _WORD.findall(unicodedata.normalize("NFKC", text)):
+    text = unicodedata.normalize("NFKC", text)
+    words = _WORD.findall(text)
+    cjk = _CJK.search(text) is not None
+    if cjk:  # split each word into its CJK runs (bigrams) and the rest (words)
+        split: list[str] = []
+        for word in words:
+            pos = 0
+            for m in _CJK.finditer(word):
+                if m.start() > pos:
+                    split.append(word[pos:m.start()])
+                split.append(m.group())
+                pos = m.end()
+            if pos < len(word):
+                split.append(word[pos:])
+        words = split
+    for word in words:
+        if cjk and _CJK.match(word):
+            _cjk_terms(word, out)
+            continue
         folded = word.casefold()
         if folded not in STOP_WORDS:
             out.append(folded)

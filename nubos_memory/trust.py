@@ -26,6 +26,8 @@ from typing import Any
 
 import orjson
 
+from .modelfiles import user_config_dir
+
 KEY_ENV = "NUBOS_MEMORY_KEY_FILE"
 SIGNATURE = "signature"
 _key: bytes | None = None
@@ -36,8 +38,7 @@ def key_path() -> Path:
     explicit = os.environ.get(KEY_ENV)
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "nubos-memory" / "derived-files.key"
+    return user_config_dir() / "derived-files.key"
 
 
 def key() -> bytes | None:

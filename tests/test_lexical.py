@@ -17,7 +17,7 @@ def test_tokenizer_unicode_identifiers_and_stop_words():
     assert tokenize("workflow_dispatch") == ["workflow_dispatch", "workflow", "dispatch"]
     assert tokenize("getUserById") == ["getuserbyid", "get", "user", "id"]
     assert tokenize("Größe CAFÉ") == ["grösse", "café"]
-    assert tokenize("東京タワー") == ["東京タワー"]
+    assert tokenize("東京タワー") == ["東京", "京タ", "タワ", "ワー"]  # CJK: overlapping bigrams
     assert tokenize("the and of, to be!") == []
 
 

@@ -220,12 +220,28 @@ def test_torn_last_line_is_recovered_on_next_write(filled):
     lines = path.read_bytes().count(b"\n")
     with path.open("ab") as f:
         f.write(b'{"id": "torn", "type": "learning", "tit')
-    assert query(filled, "widget").code == 0  # a reader ignores it
     r = index_records(filled, [rec("written after the crash", id="after-crash")])
     assert r.json["recovered"]["action"] == "set-aside" and r.json["recovered"]["line"] == lines + 1
     assert (folder(filled) / "records.jsonl.torn").read_bytes().startswith(b'{"id": "torn"')
     text = path.read_text().splitlines()
     assert json.loads(text[-1])["id"] == "after-crash" and len(text) == lines + 1
+
+
+def test_a_reader_settles_a_crashed_writers_torn_line_when_no_writer_runs(filled):
+    path = folder(filled) / "records.jsonl"
+    good = path.read_bytes()
+    with path.open("ab") as f:
+        f.write(b'{"id": "torn", "type": "learning", "tit')
+    from nubos_memory import Memory
+
+    holder = Memory.open(filled)
+    with holder.lock.hold("a writer"):  # a write in progress: a reader leaves the tail alone
+        q = query(filled, "widget")
+        assert q.code == 0 and any(w["code"] == "records-unfinished-write" for w in q.json["warnings"])
+        assert path.read_bytes().endswith(b'"tit')
+    assert query(filled, "widget").json["warnings"] == []  # no writer now: the leftovers are settled
+    assert path.read_bytes() == good
+    assert (folder(filled) / "records.jsonl.torn").read_bytes() == b'{"id": "torn", "type": "learning", "tit\n'
 
 
 def test_complete_record_missing_newline_is_kept(filled):

@@ -61,6 +61,9 @@ def test_verbs_that_embed_nothing_never_import_torch(tmp_path):
             super().__init__("hash-384")
             self.model_id = DEFAULT_MODEL
 
+        def files_digest(self):
+            return SentenceTransformerEmbedder(DEFAULT_MODEL).files_digest()
+
     root = tmp_path / "p"
     root.mkdir()
     assert _probe([["memory-init", "--root", str(root)]])["codes"] == [0]

