@@ -36,10 +36,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from nubos_memory import Memory  # noqa: E402
 from nubos_memory.config import DEFAULT_MODEL  # noqa: E402
-from nubos_memory.embedders import Embedder, SentenceTransformerEmbedder  # noqa: E402
-from nubos_memory.evaluate import CachedEmbedder, default_cache_dir  # noqa: E402
-from nubos_memory.lexical import RankBM25Scorer  # noqa: E402
-from nubos_memory.vector_index import EXACT_LIMIT  # noqa: E402
+from nubos_memory.embed.model import Embedder, SentenceTransformerEmbedder  # noqa: E402
+from nubos_memory.api.evaluate import CachedEmbedder, default_cache_dir  # noqa: E402
+from nubos_memory.index.lexical import RankBM25Scorer  # noqa: E402
+from nubos_memory.index.vectors import EXACT_LIMIT  # noqa: E402
 from nubos_memory.records import lexical_text  # noqa: E402
 from nubos_memory.tokenize import tokenize  # noqa: E402
 

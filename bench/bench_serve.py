@@ -24,8 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench_scale import DATA, cli, make_memory, real_texts  # noqa: E402
 from nubos_memory.config import DEFAULT_MODEL  # noqa: E402
-from nubos_memory.embedders import SentenceTransformerEmbedder  # noqa: E402
-from nubos_memory.evaluate import CachedEmbedder, default_cache_dir  # noqa: E402
+from nubos_memory.embed.model import SentenceTransformerEmbedder  # noqa: E402
+from nubos_memory.api.evaluate import CachedEmbedder, default_cache_dir  # noqa: E402
 
 def main(n: int = 10_000, repeats: int = 20) -> None:
     queries = [json.loads(line)["text"] for line in (DATA / "queries.jsonl").open()][:repeats]

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from nubos_memory import Memory  # noqa: E402
 from nubos_memory.config import DEFAULT_MODEL  # noqa: E402
-from nubos_memory.embedders import SentenceTransformerEmbedder  # noqa: E402
+from nubos_memory.embed.model import SentenceTransformerEmbedder  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
 

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from nubos_memory.config import DEFAULT_MODEL  # noqa: E402
-from nubos_memory.embedders import SentenceTransformerEmbedder  # noqa: E402
+from nubos_memory.embed.model import SentenceTransformerEmbedder  # noqa: E402
 
 PAIRS = ROOT / "bench" / "data" / "dedup_pairs.jsonl"
 EXAMPLES = ROOT / "examples" / "agent-memories.jsonl"

@@ -15,14 +15,14 @@ candidate pool), each on the 809 TRAIN and the 300 TEST claims:
    summary     the recommended defaults vs BM25-only and dense-only, with
                paired bootstrap CIs of the differences.
 
-The fusion is the product's (nubos_memory.query / nubos_memory.fusion):
+The fusion is the product's (nubos_memory.search.query / nubos_memory.search.fusion):
 candidates = BM25 top-N (docs with raw > 0, ties by corpus position) union dense
 top-N (exact, brute force, ties by position); every candidate gets its exact raw
 BM25 and exact cosine; fused = alpha*norm(bm25) + (1-alpha)*cosine; a candidate
 with raw BM25 == 0 is kept only if cosine >= threshold and scores
 (1-alpha)*cosine; rank by (-fused, position), take 10.  The vectorised code here
-is cross-checked against ``nubos_memory.fusion.fuse_alpha`` / ``fuse_rrf`` and
-against ``nubos_memory.lexical.RankBM25Scorer`` at start-up (``--no-check`` skips).
+is cross-checked against ``nubos_memory.search.fusion.fuse_alpha`` / ``fuse_rrf`` and
+against ``nubos_memory.index.lexical.RankBM25Scorer`` at start-up (``--no-check`` skips).
 
 Every choice is made on TRAIN; TEST is only reported.
 
@@ -177,7 +177,7 @@ class FastBM25:
                 p[0].append(i)
                 p[1].append(tf)
         self.post = {t: (np.array(a, dtype=np.int64), np.array(b, dtype=np.float64)) for t, (a, b) in post.items()}
-        if idf == "lucene":  # the product's (nubos_memory.lexical): always positive
+        if idf == "lucene":  # the product's (nubos_memory.index.lexical): always positive
             self.idf = {t: math.log(1.0 + (self.n - len(p[0]) + 0.5) / (len(p[0]) + 0.5)) for t, p in self.post.items()}
         else:  # rank-bm25 default: negative idf floored at epsilon * mean idf
             raw = {t: math.log(self.n - len(p[0]) + 0.5) - math.log(len(p[0]) + 0.5) for t, p in self.post.items()}
@@ -562,8 +562,8 @@ def paired(a: Result, b: Result, seed: int = 0, n_boot: int = 2000) -> tuple[flo
 
 def check_against_product(data: Data, lex: Lexical, cos: np.ndarray, pools_by_row: dict[int, Pool]) -> None:
     """The vectorised BM25 and fusion must equal the product code on a sample of queries."""
-    from nubos_memory.fusion import Candidate, bm25_normaliser, fuse_alpha, fuse_rrf
-    from nubos_memory.lexical import RankBM25Scorer
+    from nubos_memory.search.fusion import Candidate, bm25_normaliser, fuse_alpha, fuse_rrf
+    from nubos_memory.index.lexical import RankBM25Scorer
 
     scorer = RankBM25Scorer([tokenize(t) for t in data.doc_texts])
     for r in list(pools_by_row)[:25]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import NubosMemoryError
 
 if TYPE_CHECKING:
-    from .memory import Memory
+    from .api.memory import Memory
 
 __version__ = "0.1.0"
 __all__ = ["Memory", "NubosMemoryError", "__version__"]
@@ -21,7 +21,7 @@ __all__ = ["Memory", "NubosMemoryError", "__version__"]
 
 def __getattr__(name: str) -> Any:
     if name == "Memory":
-        from .memory import Memory
+        from .api.memory import Memory
 
         return Memory
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

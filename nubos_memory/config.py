@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .fsio import JSONDecodeError, loads, read_regular
-from .modelfiles import DEFAULT_MODEL
+from .embed.modelfiles import DEFAULT_MODEL
 
 STATE_DIR = ".nubos-pilot"
 CONFIG_FILE = "config.json"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nubos_memory import cli
+from nubos_memory.interfaces import cli
 
 REPO = Path(__file__).resolve().parents[1]
 # The reliability suites run quick versions by default; NUBOS_MEMORY_HEAVY=1 runs the heavy ones

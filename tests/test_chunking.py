@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nubos_memory.chunking import split_for_window, word_starts
-from nubos_memory.embedders import pool_pieces
+from nubos_memory.embed.chunking import split_for_window, word_starts
+from nubos_memory.embed.model import pool_pieces
 
 
 def char_starts(text: str) -> list[int]:

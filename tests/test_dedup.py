@@ -8,8 +8,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from nubos_memory import Memory
-from nubos_memory.dedup import fingerprint
-from nubos_memory.embedders import HashEmbedder
+from nubos_memory.search.dedup import fingerprint
+from nubos_memory.embed.model import HashEmbedder
 from nubos_memory.records import strip_reasoning
 
 from .conftest import index_records, query, rec, run_cli, write_config
@@ -203,7 +203,7 @@ def test_a_record_that_is_only_reasoning_is_refused(project):
 def test_importance_reorders_near_ties_only(project):
     """Importance multiplies fused scores by 0.9..1.1: it can swap close hits, never lift one that is
     far behind (more than 1.1/0.9 ≈ 1.22x), and never brings in a record fusion dropped."""
-    from nubos_memory.fusion import importance_factor
+    from nubos_memory.search.fusion import importance_factor
 
     assert importance_factor(None) == 1.0 and importance_factor(0) == pytest.approx(0.9)
     assert importance_factor(1) == pytest.approx(1.1) and importance_factor(7) == pytest.approx(1.1)
@@ -222,7 +222,7 @@ def test_importance_reorders_near_ties_only(project):
 
 
 def test_budget_skips_what_does_not_fit_and_keeps_going(project):
-    from nubos_memory.context import estimate_tokens, fit_budget, render_hit
+    from nubos_memory.search.context import estimate_tokens, fit_budget, render_hit
 
     hits = [{"id": i, "score": 1.0 - n / 10, "retrieval": "hybrid",
              "record": {"id": i, "type": "learning", "title": f"t{i}", "body": body, "tags": [], "provenance": None}}

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from nubos_memory.cli import VERBS, build_parser
+from nubos_memory.interfaces.cli import VERBS, build_parser
 
 from .conftest import REPO
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from nubos_memory import Memory
-from nubos_memory.markdown import FrontmatterError, chunk_markdown
+from nubos_memory.ingest.markdown import FrontmatterError, chunk_markdown
 
 from .conftest import query, run_cli
 from .test_dedup import Counting

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from nubos_memory.lexical import B, K1, RankBM25Scorer
+from nubos_memory.index.lexical import B, K1, RankBM25Scorer
 from nubos_memory.tokenize import tokenize
 
 
@@ -69,7 +69,7 @@ def test_empty_corpus_scores_nothing():
 
 
 def test_postings_engine_scores_equal_rank_bm25():
-    from nubos_memory.lexical import PostingsBM25
+    from nubos_memory.index.lexical import PostingsBM25
 
     texts = ["release pipeline manual workflow_dispatch", "release notes for the release", "jwt signing keys jose",
              "pnpm lockfile drift breaks the pipeline cache", "unrelated words", "",
@@ -90,7 +90,7 @@ def test_postings_engine_scores_equal_rank_bm25():
 
 def test_self_score_is_the_query_scored_as_an_average_document():
     """S(q) equals BM25 of a document that is the query, in a corpus whose average length is its own."""
-    from nubos_memory.lexical import PostingsBM25
+    from nubos_memory.index.lexical import PostingsBM25
 
     query = ["deploy", "deploy", "service"]
     docs = [query, ["other", "words", "here"], ["deploy", "x", "y"], ["a", "b", "c"]]  # every length 3
@@ -115,7 +115,7 @@ _words = st.lists(st.sampled_from(["alpha", "beta", "gamma", "delta", "cache", "
 def test_postings_equal_rank_bm25_across_appends_and_merges(docs, cuts, merge_min, query):
     """However documents arrive (batches, merges of the delta into the base, a save and reload),
     the scores are rank-bm25's."""
-    from nubos_memory.lexical import PostingsBM25
+    from nubos_memory.index.lexical import PostingsBM25
 
     class Eager(PostingsBM25):
         MERGE_MIN = merge_min
@@ -135,7 +135,7 @@ def test_postings_equal_rank_bm25_across_appends_and_merges(docs, cuts, merge_mi
 
 
 def _saved(docs):
-    from nubos_memory.lexical import PostingsBM25
+    from nubos_memory.index.lexical import PostingsBM25
 
     engine = PostingsBM25()
     engine.add(docs)

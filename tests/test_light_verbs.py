@@ -10,7 +10,7 @@ from .conftest import REPO
 
 PROBE = """
 import io, json, sys, contextlib
-from nubos_memory import cli
+from nubos_memory.interfaces import cli
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     codes = [cli.main(argv) for argv in json.loads(sys.argv[1])]
@@ -51,7 +51,7 @@ def test_verbs_that_embed_nothing_never_import_torch(tmp_path):
     query run in a fresh process without importing torch or sentence-transformers."""
     from nubos_memory import Memory
     from nubos_memory.config import DEFAULT_MODEL
-    from nubos_memory.embedders import HashEmbedder, SentenceTransformerEmbedder
+    from nubos_memory.embed.model import HashEmbedder, SentenceTransformerEmbedder
 
     class StandIn(HashEmbedder):  # vectors under the packaged model's fingerprint, without the model
         provider = "local"

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.reliability
 
 HOLD = """
 import sys, time
-from nubos_memory.lock import WriteLock
+from nubos_memory.store.lock import WriteLock
 from pathlib import Path
 lock = WriteLock(Path(sys.argv[1]), timeout=5)
 with lock.hold("test-holder"):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from nubos_memory import Memory
-from nubos_memory.fusion import Candidate, bm25_normaliser, fuse_alpha, fuse_rrf
+from nubos_memory.search.fusion import Candidate, bm25_normaliser, fuse_alpha, fuse_rrf
 
 from .conftest import index_records, query, rec, run_cli, run_sub, write_config
 
@@ -204,7 +204,7 @@ def test_lexical_cache_is_saved_in_steps_and_cold_readers_see_every_record(proje
 def test_hnsw_path_gives_the_exact_answer_on_a_small_memory(project, monkeypatch):
     """Above EXACT_LIMIT candidates come from the HNSW graph; on a memory smaller than ef the
     graph search is exhaustive, so the hits must be exactly the exact scan's."""
-    import nubos_memory.vector_index as vi
+    import nubos_memory.index.vectors as vi
 
     records = [rec(f"note {i} on {w}", f"{w} details {i}", id=f"h{i}") for i, w in
                enumerate(["cache", "release", "jwt", "webhook", "invoice", "flags"] * 8)]

@@ -10,7 +10,7 @@ import pytest
 
 from nubos_memory import Memory
 from nubos_memory.config import DEFAULT_MODEL
-from nubos_memory.embedders import SentenceTransformerEmbedder
+from nubos_memory.embed.model import SentenceTransformerEmbedder
 
 from .conftest import REPO, run_cli
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from nubos_memory.recordlog import GUARD, RecordLog
+from nubos_memory.store.recordlog import GUARD, RecordLog
 
 
 def line(i, **kw):

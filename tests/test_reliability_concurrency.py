@@ -25,7 +25,7 @@ PER_WRITER = 250
 WRITER = r"""
 import io, json, random, sys, contextlib
 sys.path.insert(0, sys.argv[1])
-from nubos_memory import cli
+from nubos_memory.interfaces import cli
 root, tag, count, seed = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 rng = random.Random(seed)
 words = ["kafka", "redis", "pnpm", "stripe", "jose", "flags", "saml", "invoice", "vat", "ledger"]
@@ -62,7 +62,7 @@ while i < count:
 READER = r"""
 import io, json, sys, contextlib, time
 sys.path.insert(0, sys.argv[1])
-from nubos_memory import cli
+from nubos_memory.interfaces import cli
 root, stop = sys.argv[2], sys.argv[3]
 count = 0
 while True:

@@ -30,7 +30,7 @@ SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), derandom
 def _known_codes() -> re.Pattern[str]:
     """Every error code the package can produce, read from its source (f-string parts become wildcards)."""
     codes = set()
-    for path in (REPO / "nubos_memory").glob("*.py"):
+    for path in (REPO / "nubos_memory").rglob("*.py"):
         for m in re.finditer(r'code=f?"([a-z{}_.\[\]\'-]+)"', path.read_text()):
             codes.add(re.sub(r"\{[^}]*\}", "[a-z-]+", m.group(1)))
         for m in re.finditer(r'default_code = "([a-z-]+)"', path.read_text()):

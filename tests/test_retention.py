@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from nubos_memory.recordlog import RecordLog
+from nubos_memory.store.recordlog import RecordLog
 
 from .conftest import REPO, index_records, memory_dir, query, rec, run_cli, write_config
 
@@ -168,7 +168,7 @@ def test_usage_is_derived_and_survives_compaction(project):
     lines = (memory_dir(project) / "usage.jsonl").read_text().splitlines()
     assert len(lines) == 2 and "inv" in json.loads(lines[0])["ids"]
     run_cli(["memory-compact", "--root", str(project)])
-    since, counts = __import__("nubos_memory.usage", fromlist=["Usage"]).Usage(memory_dir(project)).summary()
+    since, counts = __import__("nubos_memory.store.usage", fromlist=["Usage"]).Usage(memory_dir(project)).summary()
     assert counts["inv"][0] == 2 and since is not None
     assert (memory_dir(project) / "usage.jsonl").stat().st_size == 0  # folded into usage.json
 
@@ -257,7 +257,7 @@ def test_a_reader_never_sees_half_of_a_change(project):
 RECORDER = """
 import sys
 sys.path.insert(0, sys.argv[2])
-from nubos_memory.usage import Usage
+from nubos_memory.store.usage import Usage
 u = Usage(__import__("pathlib").Path(sys.argv[1]))
 for i in range(int(sys.argv[4])):
     assert u.record([f"{sys.argv[3]}-{i % 7}"])
@@ -267,7 +267,7 @@ for i in range(int(sys.argv[4])):
 def test_no_retrieval_is_lost_while_usage_is_folded(tmp_path):
     """Four processes record 300 retrievals each while the log is folded over and over: every one
     is counted (a lost one could let prune retire a record that was used)."""
-    from nubos_memory.usage import Usage
+    from nubos_memory.store.usage import Usage
 
     usage = Usage(tmp_path)
     procs = [subprocess.Popen([sys.executable, "-c", RECORDER, str(tmp_path), str(REPO), f"p{n}", "300"])

@@ -22,7 +22,7 @@ from .conftest import REPO, index_records, memory_dir, query, rec, run_cli, run_
 
 pytestmark = pytest.mark.reliability
 
-SOURCES = sorted((REPO / "nubos_memory").glob("*.py"))
+SOURCES = sorted((REPO / "nubos_memory").rglob("*.py"))
 
 
 def test_no_code_can_come_from_stored_bytes():
@@ -119,7 +119,7 @@ def test_pickled_model_weights_are_never_loaded(project, tmp_path):
 
 
 def test_a_tampered_graph_is_never_handed_to_hnswlib(filled, monkeypatch):
-    import nubos_memory.vector_index as vi
+    import nubos_memory.index.vectors as vi
 
     folder = memory_dir(filled)
     manifest = json.loads((folder / "manifest.json").read_text())

@@ -131,10 +131,10 @@ def test_disabled_memory_refuses_to_serve(tmp_path):
 def test_forwarded_verbs_do_not_load_the_library(served):
     """The client side of warm mode imports neither numpy nor the library's heavy modules."""
     root, proc = served
-    probe = ("import io, json, sys, contextlib; from nubos_memory import cli; out = io.StringIO()\n"
+    probe = ("import io, json, sys, contextlib; from nubos_memory.interfaces import cli; out = io.StringIO()\n"
              "with contextlib.redirect_stdout(out): code = cli.main(['memory-query', '--root', sys.argv[1], 'jwt'])\n"
              "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'torch', 'hnswlib', 'filelock')"
-             " or m in ('nubos_memory.memory', 'nubos_memory.query'))\n"
+             " or m in ('nubos_memory.api.memory', 'nubos_memory.search.query'))\n"
              "print(json.dumps({'code': code, 'heavy': heavy, 'hits': len(json.loads(out.getvalue())['hits'])}))")
     res = subprocess.run([sys.executable, "-c", probe, str(root)], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)

@@ -137,7 +137,7 @@ class FakeServer:
 
 def test_a_socket_in_a_folder_others_can_write_is_never_used(project):
     index_records(project, [rec("pnpm lockfile drift", "pin pnpm with corepack", id="real")])
-    from nubos_memory.client import untrusted
+    from nubos_memory.interfaces.client import untrusted
 
     folder = memory_dir(project)
     fake = FakeServer(folder / "serve.sock").start()
@@ -265,7 +265,7 @@ def test_a_hub_model_is_not_downloaded_unless_the_user_allows_it(project, tmp_pa
     assert "NUBOS_MEMORY_ALLOW_DOWNLOADS" in r.error["message"] and r.error["details"]["downloads"] is False
     q = run_sub(["memory-query", "--root", str(project), "note"], env=env)
     assert q.code == 0 and q.json["degraded"] is not None
-    from nubos_memory.modelfiles import allow_downloads
+    from nubos_memory.embed.modelfiles import allow_downloads
 
     monkeypatch.setenv("NUBOS_MEMORY_ALLOW_DOWNLOADS", "1")
     assert allow_downloads()

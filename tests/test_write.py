@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from nubos_memory import Memory
-from nubos_memory.cache import DerivedCache
+from nubos_memory.store.cache import DerivedCache
 
 from .conftest import index_records, rec, run_cli, write_config
 

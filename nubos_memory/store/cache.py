@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npformat
 
-from .errors import StoreError
-from .faults import crash_point
-from .fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, fsync_dir, fsync_path, loads, read_regular
-from .records import SCHEMA_VERSION, now_iso
-from .trust import file_sha256, sign, verify
-from .vector_index import EXACT_LIMIT, HnswParams, VectorIndex, build_hnsw, load_hnsw
+from ..errors import StoreError
+from ..faults import crash_point
+from ..fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, fsync_dir, fsync_path, loads, read_regular
+from ..records import SCHEMA_VERSION, now_iso
+from ..trust import file_sha256, sign, verify
+from ..index.vectors import EXACT_LIMIT, HnswParams, VectorIndex, build_hnsw, load_hnsw
 
 MANIFEST = "manifest.json"
 CACHE_FORMAT = 1

@@ -54,10 +54,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import StoreError
-from .faults import armed, crash_point
-from .fsio import FILE_MODE, JSONDecodeError, dumps, fsync_dir, loads
-from .records import MAX_REASON, OPTIONAL_FIELDS, PROVENANCES, check_record, now_iso, valid_importance
+from ..errors import StoreError
+from ..faults import armed, crash_point
+from ..fsio import FILE_MODE, JSONDecodeError, dumps, fsync_dir, loads
+from ..records import MAX_REASON, OPTIONAL_FIELDS, PROVENANCES, check_record, now_iso, valid_importance
 
 MAX_LINE = 1 << 20  # bytes; a longer line is reported, never parsed
 MAX_GROUP = 1_000_000

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .config import MEMORY_DIR, STATE_DIR, find_root
-from .errors import NubosMemoryError
-from .fsio import JSONDecodeError, dumps, loads
+from ..config import MEMORY_DIR, STATE_DIR, find_root
+from ..errors import NubosMemoryError
+from ..fsio import JSONDecodeError, dumps, loads
 
 SOCKET_NAME = "serve.sock"
 MAX_MESSAGE = 512 << 20

@@ -24,8 +24,8 @@ from typing import Any
 
 from . import cli
 from .client import connect, peer_uid, recv_message, send_message, socket_path
-from .errors import InputError
-from .fsio import DIR_MODE, dumps
+from ..errors import InputError
+from ..fsio import DIR_MODE, dumps
 from .warm import WarmMemory
 
 

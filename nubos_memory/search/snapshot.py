@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from .cache import DerivedCache
-from .lexcache import LexicalCache
-from .lexical import PostingsBM25
-from .recordlog import LogScan, RecordLog
-from .records import content_hash, embed_text, lexical_text
-from .tokenize import tokenize
-from .vector_index import VectorIndex
+from ..store.cache import DerivedCache
+from ..store.lexcache import LexicalCache
+from ..index.lexical import PostingsBM25
+from ..store.recordlog import LogScan, RecordLog
+from ..records import content_hash, embed_text, lexical_text
+from ..tokenize import tokenize
+from ..index.vectors import VectorIndex
 
 LEXICAL_SAVE_MIN = 64
 

@@ -21,10 +21,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from .errors import NubosMemoryError
-from .fsio import dumps
-from .memory import MAX_K, MAX_QUERY_CHARS
-from .records import ID_PATTERN, MAX_BODY, MAX_ID, MAX_PHASE, MAX_REASON, MAX_TAG, MAX_TAGS, MAX_TITLE
+from ..errors import NubosMemoryError
+from ..fsio import dumps
+from ..api.memory import MAX_K, MAX_QUERY_CHARS
+from ..records import ID_PATTERN, MAX_BODY, MAX_ID, MAX_PHASE, MAX_REASON, MAX_TAG, MAX_TAGS, MAX_TITLE
 
 INSTRUCTIONS = """Long-term project memory for coding agents: learnings, decisions, research notes, critic
 findings and handoffs written by earlier sessions. Query it before you research, plan or review
@@ -40,7 +40,7 @@ def build_server(root: str | None) -> Any:
     from mcp.server.mcpserver import MCPServer
     from mcp_types import CallToolResult, TextContent
 
-    from . import __version__
+    from .. import __version__
     from .warm import WarmMemory
 
     warm = WarmMemory(root)
@@ -107,7 +107,7 @@ def build_server(root: str | None) -> Any:
         result = call("query", text, k=k, type=type, phase=phase, tags=tags, max_tokens=max_tokens, mode=mode,
                       fusion=fusion, alpha=alpha, explain=explain)
         if format == "markdown" and isinstance(result, dict):
-            from .context import render_markdown
+            from ..search.context import render_markdown
 
             return render_markdown(result)
         return as_text(result)

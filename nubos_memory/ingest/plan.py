@@ -26,12 +26,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError
+from ..errors import InputError
 from .markdown import FrontmatterError, chunk_markdown
-from .records import validate_batch
+from ..records import validate_batch
 
 if TYPE_CHECKING:
-    from .memory import Memory
+    from ..api.memory import Memory
 
 DEFAULT_INCLUDE = ("*.md", "*.markdown")
 SKIP_DIRS = frozenset((".git", ".nubos-pilot", "node_modules", ".venv", "__pycache__"))

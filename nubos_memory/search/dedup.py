@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .tokenize import tokenize
+from ..tokenize import tokenize
 
 if TYPE_CHECKING:
-    from .lexical import PostingsBM25
-    from .recordlog import LogScan
-    from .vector_index import VectorIndex
+    from ..index.lexical import PostingsBM25
+    from ..store.recordlog import LogScan
+    from ..index.vectors import VectorIndex
 
 _SIGN_BEFORE_DIGIT = "-+.$€£¥"
 

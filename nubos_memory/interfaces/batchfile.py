@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import InputError
-from .fsio import JSONDecodeError, loads
+from ..errors import InputError
+from ..fsio import JSONDecodeError, loads
 
 MAX_BATCH_BYTES = 256 << 20
 

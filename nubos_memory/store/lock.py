@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import LockTimeout
-from .fsio import FILE_MODE, atomic_write_bytes, dumps, loads, read_regular
+from ..errors import LockTimeout
+from ..fsio import FILE_MODE, atomic_write_bytes, dumps, loads, read_regular
 
 LOCK_FILE = ".lock"
 HOLDER_FILE = ".lock.holder.json"

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .errors import DisabledError, InputError, NubosMemoryError, UsageError
-from .fsio import dumps, printable
+from ..errors import DisabledError, InputError, NubosMemoryError, UsageError
+from ..fsio import dumps, printable
 
 VERBS: dict[str, Callable[[argparse.Namespace], Any]] = {}
 MAX_STDIN = 256 << 20
@@ -37,7 +37,7 @@ def _verb(name: str, help_text: str) -> Callable[[Callable[..., Any]], Callable[
 
 
 def _open_memory(root: str | None):
-    from .memory import Memory
+    from ..api.memory import Memory
 
     return Memory.open(root)
 
@@ -93,9 +93,9 @@ def _read_text_file(path: str, what: str, limit: int) -> str:
 
 @_verb("memory-init", "create .nubos-pilot/memory/ and enable memory for this project")
 def _init(args: argparse.Namespace) -> Any:
-    from .config import find_root
-    from .memory import Memory
-    from .config import Project
+    from ..config import find_root
+    from ..api.memory import Memory
+    from ..config import Project
 
     # init is the one verb that works while memory is disabled: it enables it.
     return Memory(Project(root=find_root(args.root))).init()
@@ -103,7 +103,7 @@ def _init(args: argparse.Namespace) -> Any:
 
 @_verb("memory-add", "add one record")
 def _add(args: argparse.Namespace) -> Any:
-    from .records import MAX_BODY
+    from ..records import MAX_BODY
 
     mem = _memory(args)
     mem._require_enabled()  # before reading stdin: a disabled memory reads nothing
@@ -146,7 +146,7 @@ def _query(args: argparse.Namespace) -> Any:
                                  alpha=args.alpha, fusion=args.fusion, explain=args.explain, mode=args.mode,
                                  max_tokens=args.max_tokens, collapse=not args.no_collapse)
     if args.format == "md":
-        from .context import render_markdown
+        from ..search.context import render_markdown
 
         return render_markdown(result)  # printed as text, not JSON
     return result
@@ -190,8 +190,8 @@ def _rebuild(args: argparse.Namespace) -> Any:
 
 @_verb("memory-eval", "measure retrieval quality and latency on a BEIR dataset (scratch memory)")
 def _eval(args: argparse.Namespace) -> Any:
-    from .config import load_project
-    from .evaluate import MODES, evaluate
+    from ..config import load_project
+    from ..api.evaluate import MODES, evaluate
 
     progress = None
     if sys.stderr.isatty():

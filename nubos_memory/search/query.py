@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .dedup import collapse as collapse_near
-from .errors import EmbeddingError, StoreError
+from ..errors import EmbeddingError, StoreError
 from .fusion import Candidate, bm25_normaliser, fuse_alpha, fuse_rrf, importance_factor
-from .tokenize import tokenize
+from ..tokenize import tokenize
 
 if TYPE_CHECKING:
-    from .memory import Memory
+    from ..api.memory import Memory
 
 MODES = ("hybrid", "lexical", "vector")
 

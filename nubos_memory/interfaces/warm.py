@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import NubosMemoryError
+from ..errors import NubosMemoryError
 
 
 class WarmMemory:
     def __init__(self, root: str | None):
-        from .memory import Memory
+        from ..api.memory import Memory
 
         self.memory = Memory.open(root)
         self.root = self.memory.project.root
@@ -32,7 +32,7 @@ class WarmMemory:
         """The warm Memory, reopened first if the project config changed."""
         stamp = self._config_stamp()
         if stamp != self._stamp:
-            from .memory import Memory
+            from ..api.memory import Memory
 
             old = self.memory
             fresh = Memory.open(self.root)

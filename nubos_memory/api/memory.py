@@ -18,21 +18,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .cache import DerivedCache
-from .config import MEMORY_DIR, Project, load_project, read_config_file
-from .embedders import Embedder, fingerprint_of, make_embedder
-from .faults import crash_point
-from .errors import (
+from ..store.cache import DerivedCache
+from ..config import MEMORY_DIR, Project, load_project, read_config_file
+from ..embed.model import Embedder, fingerprint_of, make_embedder
+from ..faults import crash_point
+from ..errors import (
     DisabledError, EmbeddingError, InputError, NubosMemoryError, RebuildRequired, StoreError, UsageError,
 )
-from .fsio import DIR_MODE, atomic_write_bytes, dumps, ensure_dir
-from .lexcache import LexicalCache
-from .lock import WriteLock
-from .recordlog import LogScan, RecordLog, forget_op
-from .records import MAX_REASON, SCHEMA_VERSION, embed_text, epoch_to_iso, iso_to_epoch, one_line, valid_id, validate_batch
-from .snapshot import Snapshot
-from .usage import Usage, parse_duration
-from .vector_index import HnswParams, VectorIndex
+from ..fsio import DIR_MODE, atomic_write_bytes, dumps, ensure_dir
+from ..store.lexcache import LexicalCache
+from ..store.lock import WriteLock
+from ..store.recordlog import LogScan, RecordLog, forget_op
+from ..records import MAX_REASON, SCHEMA_VERSION, embed_text, epoch_to_iso, iso_to_epoch, one_line, valid_id, validate_batch
+from ..search.snapshot import Snapshot
+from ..store.usage import Usage, parse_duration
+from ..index.vectors import HnswParams, VectorIndex
 
 RECORDS = "records.jsonl"
 MEMORY_FILES = (RECORDS, RECORDS + ".torn", "manifest.json", "lexical.json", "usage.json", "usage.jsonl",
@@ -316,7 +316,7 @@ class Memory:
         section["enabled"] = True
         doc["memory"] = section
         # Validate what we are about to write, so init never leaves a config that later verbs reject.
-        from .config import _validate
+        from ..config import _validate
 
         config = _validate(section)
         atomic_write_bytes(self.project.config_path, dumps(doc, pretty=True) + b"\n")
@@ -389,7 +389,7 @@ class Memory:
         """
         import numpy as np
 
-        from .dedup import find_exact, fingerprint, nearest, within_batch
+        from ..search.dedup import find_exact, fingerprint, nearest, within_batch
 
         self._prepare_folder()
         snap = self.snap
@@ -539,8 +539,8 @@ class Memory:
         (``context.py``).  ``track`` records the returned hits as retrieved
         (usage, for ``memory-prune``).  ``collapse`` shows near duplicates as one hit (adr/0009).
         """
-        from .context import fit_budget
-        from .query import MODES, run_query
+        from ..search.context import fit_budget
+        from ..search.query import MODES, run_query
 
         self._require_enabled()
         if text is None:
@@ -733,7 +733,7 @@ class Memory:
     def ingest(self, paths: list[str], *, include: list[str] = (), exclude: list[str] = (),  # type: ignore[assignment]
                prune_missing: bool = False, record_type: str | None = None) -> dict[str, Any]:
         """Index markdown files and folders, idempotently (``memory-ingest``; see ``ingest.py``)."""
-        from .ingest import ingest
+        from ..ingest.plan import ingest
 
         self._require_enabled()
         if not paths:

@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .chunking import char_estimate_starts, split_for_window
-from .records import valid_importance
+from ..embed.chunking import char_estimate_starts, split_for_window
+from ..records import valid_importance
 
 MAX_CHUNK_TOKENS = 500
 

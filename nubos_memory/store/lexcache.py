@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .fsio import atomic_write_bytes, dumps, loads, read_regular
-from .faults import crash_point
-from .lexical import PostingsBM25
-from .tokenize import TOKENIZER_VERSION
-from .trust import file_sha256, sign, verify
+from ..fsio import atomic_write_bytes, dumps, loads, read_regular
+from ..faults import crash_point
+from ..index.lexical import PostingsBM25
+from ..tokenize import TOKENIZER_VERSION
+from ..trust import file_sha256, sign, verify
 
 MANIFEST = "lexical.json"
 FORMAT = 2

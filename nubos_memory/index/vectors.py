@@ -104,8 +104,8 @@ class VectorIndex:
 
     def verify_graph(self) -> None:
         """Check the graph file against its recorded sha256 before hnswlib ever reads it."""
-        from .errors import StoreError
-        from .trust import file_sha256
+        from ..errors import StoreError
+        from ..trust import file_sha256
 
         if self._graph_verified or self.hnsw_path is None:
             return

@@ -9,8 +9,8 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Any
 
-from .errors import RebuildRequired, StoreError
-from .records import SCHEMA_VERSION
+from ..errors import RebuildRequired, StoreError
+from ..records import SCHEMA_VERSION
 
 # Problems that already say why vectors are missing (no separate "index-behind" then).
 VECTOR_BLOCKERS = ("memory-rebuild-required", "manifest-corrupt", "manifest-untrusted", "index-missing",

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .fsio import DIR_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
+from ..fsio import DIR_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DOWNLOADS_ENV = "NUBOS_MEMORY_ALLOW_DOWNLOADS"

@@ -22,8 +22,8 @@ import re
 import time
 from pathlib import Path
 
-from .errors import InputError
-from .fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
+from ..errors import InputError
+from ..fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
 
 USAGE_LOG = "usage.jsonl"
 USAGE_SUMMARY = "usage.json"

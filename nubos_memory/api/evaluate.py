@@ -1,0 +1,258 @@
+"""``memory-eval``: retrieval quality and latency on a BEIR-format dataset.
+
+The corpus is indexed through the product's real write path into a scratch
+memory (title → record title, text → body), and every query runs through the
+real query path.  Metrics follow trec_eval: nDCG@k with linear gains (the
+qrel score), recall@k, recall@100, MRR@k (k = 10 unless ``--k``); latency
+p50/p95 per mode, measured around the query call (query embedding included).
+
+Embeddings may be cached between runs in ``$NUBOS_MEMORY_CACHE`` (default
+``~/.cache/nubos-memory``), keyed by the embedder's fingerprint and the text's
+hash: a derived cache, safe to delete.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..embed.model import Embedder
+from ..errors import InputError
+from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, ensure_dir, loads
+from ..records import MAX_BODY, MAX_TITLE, valid_id
+
+MODES = ("lexical", "vector", "hybrid", "rrf")
+
+
+# -- metrics (pure functions, tested against hand-computed values) ---------------------
+def ndcg_at_k(ranked: list[str], qrels: dict[str, int], k: int = 10) -> float:
+    """nDCG@k with trec_eval's linear gains: DCG = Σ rel_i / log2(i + 1), i from 1."""
+    dcg = sum(qrels.get(doc, 0) / math.log2(i + 2) for i, doc in enumerate(ranked[:k]))
+    ideal = sorted((g for g in qrels.values() if g > 0), reverse=True)[:k]
+    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+    return dcg / idcg if idcg > 0 else 0.0
+
+
+def recall_at_k(ranked: list[str], qrels: dict[str, int], k: int) -> float:
+    relevant = {d for d, g in qrels.items() if g > 0}
+    return len(relevant & set(ranked[:k])) / len(relevant) if relevant else 0.0
+
+
+def mrr_at_k(ranked: list[str], qrels: dict[str, int], k: int = 10) -> float:
+    for i, doc in enumerate(ranked[:k]):
+        if qrels.get(doc, 0) > 0:
+            return 1.0 / (i + 1)
+    return 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else 0.0
+
+
+# -- the dataset ------------------------------------------------------------------------
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    try:
+        with open(path, "rb") as f:
+            for number, line in enumerate(f, start=1):
+                if line.strip():
+                    try:
+                        out.append(loads(line))
+                    except JSONDecodeError:
+                        raise InputError(f"{path.name} line {number} is not JSON", code="beir-invalid",
+                                         details={"file": str(path), "line": number}) from None
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}", code="beir-invalid", details={"file": str(path)})
+    return out
+
+
+def load_beir(folder: Path, split: str) -> tuple[list[dict], dict[str, str], dict[str, dict[str, int]]]:
+    """Corpus records, query texts and qrels of one split."""
+    if not folder.is_dir():
+        raise InputError(f"{folder} is not a BEIR folder", code="beir-invalid", details={"path": str(folder)})
+    corpus = _jsonl(folder / "corpus.jsonl")
+    queries = {str(q.get("_id")): str(q.get("text", "")) for q in _jsonl(folder / "queries.jsonl")}
+    qrels: dict[str, dict[str, int]] = {}
+    path = folder / "qrels" / f"{split}.tsv"
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f, delimiter="\t"):
+                qrels.setdefault(row["query-id"], {})[row["corpus-id"]] = int(row["score"])
+    except (OSError, KeyError, ValueError) as exc:
+        raise InputError(f"cannot read qrels {path}: {exc}", code="beir-invalid", details={"file": str(path)})
+    qrels = {q: r for q, r in qrels.items() if q in queries}
+    if not corpus or not qrels:
+        raise InputError("the dataset has no documents or no judged queries", code="beir-invalid",
+                         details={"docs": len(corpus), "judged_queries": len(qrels)})
+    return corpus, queries, qrels
+
+
+def record_id(doc_id: str) -> str:
+    """BEIR ids become record ids unchanged when they are valid ones, else a stable hash."""
+    return doc_id if valid_id(doc_id) else "beir-" + hashlib.sha256(doc_id.encode()).hexdigest()[:24]
+
+
+# -- an embedding cache around the real embedder ------------------------------------------
+class CachedEmbedder(Embedder):
+    """Delegates to ``inner``; remembers vectors by text hash under its fingerprint."""
+
+    def __init__(self, inner: Embedder, folder: Path):
+        super().__init__(inner.model_id)
+        self.inner = inner
+        self.provider = inner.provider
+        self.version = inner.version
+        self.folder = folder / inner.fingerprint
+        self._keys: dict[str, int] = {}
+        self._vecs: list[np.ndarray] = []
+        self.hits = self.misses = 0
+        try:
+            keys = loads((self.folder / "keys.json").read_bytes())
+            vecs = np.load(self.folder / "vectors.npy", allow_pickle=False)
+            if len(keys) == len(vecs):
+                self._keys = {k: i for i, k in enumerate(keys)}
+                self._vecs = list(vecs)
+        except (OSError, ValueError, JSONDecodeError):
+            pass
+        self._saved = len(self._keys)
+
+    def known_dim(self) -> int | None:
+        return self.inner.known_dim()
+
+    def spec(self, dim: int | None = None) -> dict[str, Any]:
+        return self.inner.spec(dim)
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        keys = [hashlib.sha256(t.encode("utf-8")).hexdigest()[:32] for t in texts]
+        todo = [i for i, k in enumerate(keys) if k not in self._keys]
+        if todo:
+            fresh = self.inner.embed([texts[i] for i in todo])
+            for i, vec in zip(todo, fresh):
+                if keys[i] not in self._keys:
+                    self._keys[keys[i]] = len(self._vecs)
+                    self._vecs.append(vec)
+        self.misses += len(todo)
+        self.hits += len(texts) - len(todo)
+        return np.stack([self._vecs[self._keys[k]] for k in keys]).astype(np.float32)
+
+    def save(self) -> None:
+        if len(self._keys) == self._saved:
+            return
+        ensure_dir(self.folder)
+        keys = [""] * len(self._keys)
+        for k, i in self._keys.items():
+            keys[i] = k
+        import io
+
+        buf = io.BytesIO()
+        np.save(buf, np.stack(self._vecs).astype(np.float32), allow_pickle=False)
+        atomic_write_bytes(self.folder / "vectors.npy", buf.getvalue())
+        atomic_write_bytes(self.folder / "keys.json", dumps(keys))
+        self._saved = len(keys)
+
+
+def default_cache_dir() -> Path:
+    from ..embed.modelfiles import user_cache_dir
+
+    return user_cache_dir() / "embeddings"
+
+
+# -- the run ---------------------------------------------------------------------------------
+def evaluate(source_config: dict[str, Any], folder: Path, *, split: str = "test", modes: tuple[str, ...] = MODES,
+             k: int = 10, alpha: float | None = None, max_queries: int | None = None,
+             embedder: Embedder | None = None, cache: bool = True,
+             progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+    """Index ``folder``'s corpus into a scratch memory and score every judged query."""
+    from ..config import CONFIG_FILE, STATE_DIR
+    from ..embed.model import make_embedder
+    from .memory import MAX_K, Memory
+
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise InputError(f"k must be an integer in 1..{MAX_K}", code="query-invalid-k", details={"k": k})
+    corpus, queries, qrels = load_beir(folder, split)
+    config = {**source_config, "enabled": True}
+    inner = embedder or make_embedder(config.get("provider", "local"), config.get("model") or "")
+    emb: Embedder = CachedEmbedder(inner, default_cache_dir()) if cache else inner
+    scratch = Path(tempfile.mkdtemp(prefix="nubos-eval-"))
+    try:
+        (scratch / STATE_DIR).mkdir()
+        (scratch / STATE_DIR / CONFIG_FILE).write_bytes(dumps({"memory": config}))
+        mem = Memory.open(scratch, embedder=emb)
+        ids: dict[str, str] = {}
+        records = []
+        for doc in corpus:
+            did = str(doc.get("_id"))
+            rid = record_id(did)
+            ids[rid] = did
+            text = str(doc.get("text") or "")
+            title = str(doc.get("title") or "").strip() or (text[:80].strip() or did)
+            records.append({"id": rid, "type": "research", "title": title[:MAX_TITLE], "body": text[:MAX_BODY]})
+        start = time.perf_counter()
+        batch = 512
+        for i in range(0, len(records), batch):
+            mem.index(records[i : i + batch], verb="memory-eval", force=True)  # the corpus as it is
+            if progress:
+                progress("index", min(i + batch, len(records)), len(records))
+        index_s = time.perf_counter() - start
+        embedded, from_cache = getattr(emb, "misses", None), getattr(emb, "hits", None)
+        if isinstance(emb, CachedEmbedder):
+            emb.save()
+        mem._embedder = inner  # queries embed for real: their latency includes the model
+        judged = sorted(qrels, key=lambda q: (len(q), q))[: max_queries or None]
+        depth = max(k, 100)
+        out_modes: dict[str, Any] = {}
+        for mode in modes:
+            kwargs: dict[str, Any] = {"fusion": "rrf" if mode == "rrf" else "alpha", "alpha": alpha}
+            if mode in ("lexical", "vector"):
+                kwargs["mode"] = mode
+            sums = {f"ndcg@{k}": 0.0, f"recall@{k}": 0.0, "recall@100": 0.0, f"mrr@{k}": 0.0}
+            latencies = []
+            degraded = 0
+            for n, qid in enumerate(judged, start=1):
+                t = time.perf_counter()
+                try:
+                    res = mem.query(queries[qid], k=depth, track=False, collapse=False, **kwargs)
+                except InputError:  # an empty query text in the dataset: no hits
+                    res = {"hits": [], "degraded": None}
+                latencies.append((time.perf_counter() - t) * 1000)
+                degraded += res["degraded"] is not None
+                ranked = [ids.get(h["id"], h["id"]) for h in res["hits"]]
+                rel = qrels[qid]
+                sums[f"ndcg@{k}"] += ndcg_at_k(ranked, rel, k)
+                sums[f"recall@{k}"] += recall_at_k(ranked, rel, k)
+                sums["recall@100"] += recall_at_k(ranked, rel, 100)
+                sums[f"mrr@{k}"] += mrr_at_k(ranked, rel, k)
+                if progress:
+                    progress(mode, n, len(judged))
+            out_modes[mode] = {
+                **{m: round(v / len(judged), 4) for m, v in sums.items()},
+                "latency_ms": {"p50": round(percentile(latencies, 50), 2), "p95": round(percentile(latencies, 95), 2)},
+                "degraded_queries": degraded,
+            }
+        return {
+            "dataset": str(folder),
+            "split": split,
+            "docs": len(corpus),
+            "queries": len(judged),
+            "model": mem.embedder.model_id,
+            "fingerprint": inner.fingerprint,
+            "alpha": mem.config.alpha if alpha is None else alpha,
+            "threshold": mem.config.threshold,
+            "index": {"seconds": round(index_s, 2), "records": len(records),
+                      "embedded": embedded, "from_cache": from_cache},
+            "modes": out_modes,
+        }
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

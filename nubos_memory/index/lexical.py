@@ -1,0 +1,279 @@
+"""Lexical scoring: BM25 over title, body and tags, behind a small interface.
+
+The scores' definition is fixed (and pinned by tests) so the engine can
+change without moving them::
+
+    score(q, d) = Σ_{t ∈ set(q)} idf(t) · tf(t,d)·(k1+1) / (tf(t,d) + k1·(1 − b + b·|d|/avgdl))
+    idf(t)      = ln(1 + (N − n(t) + 0.5) / (n(t) + 0.5))        k1 = 1.5, b = 0.75
+
+This is rank-bm25's ``BM25Okapi`` with the Lucene idf.  ``self_score(q)`` is
+what the query itself would score as a document of average length,
+``Σ_{t ∈ set(q), idf(t) > 0} idf(t) · c(t)·(k1+1) / (c(t) + k1)`` with ``c(t)``
+the term's count in the query; fusion normalises by it (see ``fusion.py``).  rank-bm25's own idf,
+``ln((N − n + 0.5)/(n + 0.5))`` floored at ε·mean, goes negative for a term in
+more than half of the documents, so in a small memory the record that
+contains the query's words can score *below* zero; the Lucene form is always
+positive and keeps rare terms ranked first.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol, Sequence
+
+import numpy as np
+
+K1 = 1.5
+B = 0.75
+
+
+class LexicalScorer(Protocol):
+    """What the query path needs from a lexical engine."""
+
+    def scores(self, terms: Sequence[str]) -> np.ndarray:
+        """Raw BM25 score of every document for the (deduplicated) query terms."""
+
+    def idf(self, term: str) -> float:
+        """The term's idf; 0 for a term no document contains."""
+
+    def self_score(self, terms: Sequence[str]) -> float:
+        """The query's BM25 score against itself as a document of average length."""
+
+
+def self_score(idf, terms: Sequence[str]) -> float:
+    """``Σ idf(t)·c(k1+1)/(c+k1)`` over the distinct terms (see module docstring)."""
+    counts: dict[str, int] = {}
+    for t in terms:
+        counts[t] = counts.get(t, 0) + 1
+    return sum(idf(t) * c * (K1 + 1) / (c + K1) for t, c in counts.items())
+
+
+def _make_bm25(corpus: list[list[str]]):  # imported lazily: rank_bm25 is not needed by light verbs
+    from rank_bm25 import BM25Okapi
+
+    class LuceneIdfBM25(BM25Okapi):
+        def _calc_idf(self, nd: dict[str, int]) -> None:
+            n = self.corpus_size
+            self.idf = {t: math.log(1.0 + (n - df + 0.5) / (df + 0.5)) for t, df in nd.items()}
+
+    return LuceneIdfBM25(corpus, k1=K1, b=B)
+
+
+class RankBM25Scorer:
+    """rank-bm25 over pre-tokenised documents."""
+
+    def __init__(self, docs: list[list[str]]):
+        self.size = len(docs)
+        # rank-bm25 divides by the corpus size; an empty corpus scores nothing.
+        self._bm25 = _make_bm25(docs) if docs else None
+
+    def idf(self, term: str) -> float:
+        return 0.0 if self._bm25 is None else float(self._bm25.idf.get(term, 0.0))
+
+    def scores(self, terms: Sequence[str]) -> np.ndarray:
+        unique = [t for t in dict.fromkeys(terms) if self.idf(t) > 0]
+        if self._bm25 is None or not unique:
+            return np.zeros(self.size, dtype=np.float64)
+        return np.asarray(self._bm25.get_scores(unique), dtype=np.float64)
+
+    def self_score(self, terms: Sequence[str]) -> float:
+        return self_score(self.idf, terms)
+
+
+class PostingsBM25:
+    """The same BM25 from an inverted index held in numpy arrays (CSR postings).
+
+    Scoring touches only the postings of the query's terms, so it costs
+    milliseconds at 100k records where rank-bm25, which loops over every
+    document for every term, costs hundreds (adr/0005).  The postings are a
+    frozen CSR *base* plus a small *delta* of documents appended since, kept
+    in lists; when the delta outgrows ``MERGE_FRACTION`` of the base it is
+    merged in, with numpy, so appends never rebuild the index term by term.
+    Only raw term frequencies and lengths are stored: idf and the average
+    length are taken at query time, so appending never invalidates a score.
+    ``remove`` takes a document out of the statistics (document count, df,
+    average length) and out of the scores, so they equal those of an index
+    built without it.  ``arrays``/``from_arrays`` persist it without pickle
+    (``lexcache.py``).
+    """
+
+    MERGE_MIN = 1024
+    MERGE_FRACTION = 0.05
+
+    def __init__(self) -> None:
+        self.vocab: dict[str, int] = {}
+        self._indptr = np.zeros(1, dtype=np.int64)  # base: postings of term t at indptr[t]:indptr[t+1]
+        self._docs = np.zeros(0, dtype=np.int32)
+        self._tfs = np.zeros(0, dtype=np.float32)
+        self._base_df = np.zeros(0, dtype=np.int64)
+        self._delta: dict[int, tuple[list[int], list[int]]] = {}  # term id -> (docs, tfs) appended
+        self._delta_docs = 0
+        self.doc_len = np.zeros(0, dtype=np.float64)
+        self._norm: np.ndarray | None = None  # k1·(1 − b + b·len/avgdl) for the current size
+        self.removed: set[int] = set()
+        self._removed_df: dict[int, int] = {}  # term id -> removed documents holding it
+        self._removed_len = 0.0
+
+    @property
+    def size(self) -> int:
+        """Documents ever added (doc ids run 0..size-1), removed ones included."""
+        return int(len(self.doc_len))
+
+    @property
+    def live(self) -> int:
+        return self.size - len(self.removed)
+
+    def remove(self, doc: int, tokens: Sequence[str]) -> None:
+        """Take document ``doc`` (added with ``tokens``) out of every statistic and score."""
+        if doc in self.removed or not 0 <= doc < self.size:
+            return
+        self.removed.add(doc)
+        for tok in set(tokens):
+            tid = self.vocab.get(tok)
+            if tid is not None:
+                self._removed_df[tid] = self._removed_df.get(tid, 0) + 1
+        self._removed_len += float(self.doc_len[doc])
+        self._norm = None
+
+    def add(self, docs: Sequence[Sequence[str]]) -> None:
+        """Append tokenised documents (doc ids continue from ``size``)."""
+        start = self.size
+        lengths = np.empty(len(docs), dtype=np.float64)
+        vocab, delta = self.vocab, self._delta
+        for offset, tokens in enumerate(docs):
+            lengths[offset] = len(tokens)
+            counts: dict[str, int] = {}
+            for tok in tokens:
+                counts[tok] = counts.get(tok, 0) + 1
+            for tok, tf in counts.items():
+                tid = vocab.get(tok)
+                if tid is None:
+                    tid = vocab[tok] = len(vocab)
+                entry = delta.get(tid)
+                if entry is None:
+                    entry = delta[tid] = ([], [])
+                entry[0].append(start + offset)
+                entry[1].append(tf)
+        self.doc_len = np.concatenate([self.doc_len, lengths])
+        self._delta_docs += len(docs)
+        self._norm = None
+        if self._delta_docs > max(self.MERGE_MIN, self.MERGE_FRACTION * (self.size - self._delta_docs)):
+            self.merge()
+
+    def merge(self) -> None:
+        """Fold the delta into the CSR base (vectorised; O(postings))."""
+        if not self._delta:
+            self._delta_docs = 0
+            return
+        n_terms = len(self.vocab)
+        old_terms = len(self._indptr) - 1
+        base_counts = np.zeros(n_terms, dtype=np.int64)
+        base_counts[:old_terms] = np.diff(self._indptr)
+        delta_counts = np.zeros(n_terms, dtype=np.int64)
+        for tid, (d, _) in self._delta.items():
+            delta_counts[tid] = len(d)
+        indptr = np.zeros(n_terms + 1, dtype=np.int64)
+        np.cumsum(base_counts + delta_counts, out=indptr[1:])
+        docs = np.empty(int(indptr[-1]), dtype=np.int32)
+        tfs = np.empty(int(indptr[-1]), dtype=np.float32)
+        # Each base posting moves right by the delta postings of the terms before its own.
+        shift = np.repeat(indptr[:old_terms] - self._indptr[:-1], base_counts[:old_terms])
+        where = np.arange(len(self._docs), dtype=np.int64) + shift
+        docs[where] = self._docs
+        tfs[where] = self._tfs
+        for tid, (d, t) in self._delta.items():  # delta docs are newer: they follow the base's
+            at = int(indptr[tid] + base_counts[tid])
+            docs[at:at + len(d)] = d
+            tfs[at:at + len(t)] = t
+        self._indptr, self._docs, self._tfs = indptr, docs, tfs
+        self._base_df = base_counts + delta_counts
+        self._delta, self._delta_docs = {}, 0
+
+    def _df(self, tid: int) -> int:
+        base = int(self._base_df[tid]) if tid < len(self._base_df) else 0
+        extra = self._delta.get(tid)
+        return base + (len(extra[0]) if extra else 0) - self._removed_df.get(tid, 0)
+
+    def document_frequency(self, term: str) -> int:
+        """Live documents holding ``term``."""
+        tid = self.vocab.get(term)
+        return 0 if tid is None else self._df(tid)
+
+    def _parts(self, tid: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """A term's postings as ``(doc ids, term frequencies)``: the base's, then the delta's."""
+        parts = []
+        if tid < len(self._indptr) - 1:
+            lo, hi = self._indptr[tid], self._indptr[tid + 1]
+            parts.append((self._docs[lo:hi], self._tfs[lo:hi]))
+        extra = self._delta.get(tid)
+        if extra:
+            parts.append((np.asarray(extra[0], dtype=np.int64), np.asarray(extra[1], dtype=np.float32)))
+        return parts
+
+    def postings(self, term: str) -> np.ndarray:
+        """Ids of the documents holding ``term`` (removed ones included)."""
+        tid = self.vocab.get(term)
+        parts = [] if tid is None else [docs.astype(np.int64) for docs, _ in self._parts(tid)]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def idf(self, term: str) -> float:
+        tid = self.vocab.get(term)
+        if tid is None or not self.live:
+            return 0.0
+        df = self._df(tid)
+        if df <= 0:
+            return 0.0  # only removed documents held it
+        return math.log(1.0 + (self.live - df + 0.5) / (df + 0.5))
+
+    def self_score(self, terms: Sequence[str]) -> float:
+        return self_score(self.idf, terms)
+
+    def scores(self, terms: Sequence[str]) -> np.ndarray:
+        out = np.zeros(self.size, dtype=np.float64)
+        if not self.live:
+            return out
+        if self._norm is None:
+            avgdl = (float(self.doc_len.sum()) - self._removed_len) / self.live or 1.0
+            self._norm = K1 * (1.0 - B + B * self.doc_len / avgdl)
+        norm = self._norm
+        for term in dict.fromkeys(terms):
+            tid = self.vocab.get(term)
+            if tid is None:
+                continue
+            idf = self.idf(term)
+            for docs, tf32 in self._parts(tid):
+                tf = tf32.astype(np.float64)
+                out[docs] += idf * tf * (K1 + 1.0) / (tf + norm[docs])
+        if self.removed:
+            out[np.fromiter(self.removed, dtype=np.int64, count=len(self.removed))] = 0.0
+        return out
+
+    # -- persistence as plain arrays (no pickle) -----------------------------------
+    def arrays(self) -> tuple[list[str], dict[str, np.ndarray]]:
+        """The vocabulary (in term-id order) and the numpy arrays that rebuild this index."""
+        self.merge()
+        terms = [""] * len(self.vocab)
+        for term, tid in self.vocab.items():
+            terms[tid] = term
+        removed_df = np.zeros(len(self.vocab), dtype=np.int32)
+        for tid, n in self._removed_df.items():
+            removed_df[tid] = n
+        return terms, {"indptr": self._indptr, "docs": self._docs, "tfs": self._tfs,
+                       "df": self._base_df.astype(np.int32), "doc_len": self.doc_len,
+                       "removed": np.array(sorted(self.removed), dtype=np.int64), "removed_df": removed_df}
+
+    @classmethod
+    def from_arrays(cls, terms: list[str], arrays: dict[str, np.ndarray]) -> "PostingsBM25":
+        self = cls()
+        self.vocab = {t: i for i, t in enumerate(terms)}
+        self._indptr = np.asarray(arrays["indptr"], dtype=np.int64)
+        self._docs = np.asarray(arrays["docs"], dtype=np.int32)
+        self._tfs = np.asarray(arrays["tfs"], dtype=np.float32)
+        self._base_df = np.diff(self._indptr)
+        self.doc_len = np.asarray(arrays["doc_len"], dtype=np.float64)
+        removed = arrays.get("removed")
+        if removed is not None and len(removed):
+            self.removed = set(int(d) for d in removed)
+            self._removed_df = {int(t): int(n) for t, n in enumerate(arrays["removed_df"]) if n}
+            self._removed_len = float(self.doc_len[np.asarray(removed, dtype=np.int64)].sum())
+        return self

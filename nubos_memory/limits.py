@@ -1,0 +1,42 @@
+"""Every enum and limit, defined once.
+
+The library validates with these, argparse takes its ``choices`` from them,
+and the MCP tool schemas are generated from them, so the three can never
+disagree about what is allowed.
+"""
+
+from __future__ import annotations
+
+# -- records -----------------------------------------------------------------------------
+BASE_TYPES = ("learning", "handoff", "critic", "research")
+PROVENANCES = ("VERIFIED", "CITED", "ASSUMED", "CACHED")
+ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*"  # and at most MAX_ID characters
+MAX_ID = 128
+MAX_TITLE = 1_000
+MAX_BODY = 100_000
+MAX_PHASE = 128
+MAX_TAG = 64
+MAX_TAGS = 64
+MAX_TYPE = 32
+MAX_TYPES = 64
+MAX_BATCH = 100_000
+MAX_SOURCE = 1_024
+MAX_CHUNK_INDEX = 1_000_000
+MAX_REASON = 200  # characters of a forget tombstone's reason
+MAX_FORGET = 10_000  # ids in one forget
+
+# -- queries -------------------------------------------------------------------------------
+MODES = ("hybrid", "lexical", "vector")
+FUSIONS = ("alpha", "rrf")
+FORMATS = ("json", "markdown")
+FORMAT_ALIASES = {"md": "markdown"}
+MAX_K = 1000
+MAX_QUERY_CHARS = 10_000
+MAX_TOKENS = 10_000_000
+MAX_ECHO = 200  # characters of a query text or filter echoed back in an answer
+
+# -- configuration -------------------------------------------------------------------------
+PROVIDERS = ("local", "hash")
+RUNTIMES = ("auto", "onnx", "torch")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+BACKENDS = ("files", "postgres")
