@@ -36,9 +36,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from nubos_memory import Memory  # noqa: E402
 from nubos_memory.config import DEFAULT_MODEL  # noqa: E402
-from nubos_memory.embed.model import Embedder, SentenceTransformerEmbedder  # noqa: E402
+from nubos_memory.embed.base import Embedder
+from nubos_memory.embed.model import ModelEmbedder  # noqa: E402
 from nubos_memory.api.evaluate import CachedEmbedder, default_cache_dir  # noqa: E402
-from nubos_memory.index.lexical import RankBM25Scorer  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))
+from bm25_reference import RankBM25Scorer  # noqa: E402
 from nubos_memory.index.vectors import EXACT_LIMIT  # noqa: E402
 from nubos_memory.records import lexical_text  # noqa: E402
 from nubos_memory.tokenize import tokenize  # noqa: E402
@@ -132,7 +134,7 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]  # --sizes "": throughput only
     queries = [json.loads(line)["text"] for line in (DATA / "queries.jsonl").open()][: args.queries]
-    st = SentenceTransformerEmbedder(DEFAULT_MODEL)
+    st = ModelEmbedder(DEFAULT_MODEL)
     cached = CachedEmbedder(st, default_cache_dir())
     base = real_texts(min(max(sizes, default=10_000), 10_000))
     t = time.perf_counter()
@@ -147,7 +149,7 @@ def main() -> None:
     # Two record shapes: agent-note sized (fits the 256-wordpiece window: pieces == records) and
     # long abstracts (cut into pieces and pooled). Baselines: encode of exactly the pieces the
     # product embeds (its overhead), and encode of the records truncated (the cost of whole records).
-    model = st._load()
+    model = st.runtime().model
     results["index_throughput"] = {}
     shapes = {"short": [r for r in base if r["title"].endswith(")")][:384] or base[:384], "long": base[:192]}
     model.encode([r["body"] for r in base[-64:]], batch_size=32)  # warm-up: first calls are slower
@@ -181,7 +183,7 @@ def main() -> None:
         print(f"# index throughput ({shape}): " + json.dumps(row), flush=True)
 
     qvecs = st.embed(queries)
-    model = st._load()
+    model = st.runtime().model
     for n in sizes:
         if n <= len(base):
             recs = base[:n]

@@ -24,14 +24,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench_scale import DATA, cli, make_memory, real_texts  # noqa: E402
 from nubos_memory.config import DEFAULT_MODEL  # noqa: E402
-from nubos_memory.embed.model import SentenceTransformerEmbedder  # noqa: E402
+from nubos_memory.embed.model import ModelEmbedder  # noqa: E402
 from nubos_memory.api.evaluate import CachedEmbedder, default_cache_dir  # noqa: E402
 
 def main(n: int = 10_000, repeats: int = 20) -> None:
     queries = [json.loads(line)["text"] for line in (DATA / "queries.jsonl").open()][:repeats]
     root = Path(tempfile.mkdtemp(prefix="nubos-serve-bench-"))
     try:
-        make_memory(root, CachedEmbedder(SentenceTransformerEmbedder(DEFAULT_MODEL), default_cache_dir()),
+        make_memory(root, CachedEmbedder(ModelEmbedder(DEFAULT_MODEL), default_cache_dir()),
                     real_texts(n))
         bare = statistics.median(_bare() for _ in range(5))
         cold = [cli(root, "memory-query", q, env={"NUBOS_MEMORY_NO_SERVER": "1"}) for q in queries[:5]]

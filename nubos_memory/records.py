@@ -23,30 +23,37 @@ import hashlib
 import json
 import re
 import uuid
-from datetime import datetime, timezone
-from typing import Any, Iterable
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any, cast
 
 from .errors import InputError
+from .limits import (
+    ID_PATTERN,
+    MAX_BATCH,
+    MAX_BODY,
+    MAX_CHUNK_INDEX,
+    MAX_ID,
+    MAX_PHASE,
+    MAX_REASON,
+    MAX_SOURCE,
+    MAX_TAG,
+    MAX_TAGS,
+    MAX_TITLE,
+    PROVENANCES,
+)
+from .types import Record
+
+__all__ = ["EMBED_TEMPLATE", "FIELDS", "ID_PATTERN", "MAX_BODY", "MAX_REASON", "MAX_TITLE", "OPTIONAL_FIELDS",
+           "PROVENANCES", "SCHEMA_VERSION", "Record", "check_record", "content_hash", "embed_text", "lexical_text",
+           "normalise_record", "read_record", "validate_batch"]
 
 SCHEMA_VERSION = 2
 FIELDS = ("id", "type", "phase", "title", "body", "tags", "provenance", "created_at")
 OPTIONAL_FIELDS = ("source_file", "chunk_index", "heading", "importance", "supersedes")
-PROVENANCES = ("VERIFIED", "CITED", "ASSUMED", "CACHED")
-
-MAX_ID = 128
-MAX_TITLE = 1_000
-MAX_BODY = 100_000
-MAX_PHASE = 128
-MAX_TAG = 64
-MAX_TAGS = 64
-MAX_BATCH = 100_000
-MAX_SOURCE = 1_024
-MAX_CHUNK_INDEX = 1_000_000
-MAX_REASON = 200  # characters of a forget tombstone's reason
 
 EMBED_TEMPLATE = "{title}\n{body}"
 
-ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*"  # and at most MAX_ID characters
 _ID = re.compile(ID_PATTERN + r"\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -67,7 +74,7 @@ def strip_reasoning(text: str) -> str:
 
 def now_iso() -> str:
     """The current UTC time as ``YYYY-MM-DDTHH:MM:SS.ffffffZ``."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def iso_to_epoch(value: Any) -> float | None:
@@ -82,12 +89,12 @@ def iso_to_epoch(value: Any) -> float | None:
 
 
 def epoch_to_iso(t: float | None) -> str | None:
-    return None if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def one_line(value: Any, limit: int) -> bool:
     """Whether ``value`` is 1-``limit`` characters of text without control characters."""
-    return isinstance(value, str) and 0 < len(value.strip()) and len(value) <= limit and not _CONTROL.search(value)
+    return isinstance(value, str) and len(value.strip()) > 0 and len(value) <= limit and not _CONTROL.search(value)
 
 
 def valid_importance(value: Any) -> bool:
@@ -107,7 +114,7 @@ def derived_id(record: dict[str, Any]) -> str:
     return f"line-{digest[:24]}"
 
 
-def embed_text(record: dict[str, Any]) -> str:
+def embed_text(record: Record) -> str:
     """The text that is embedded for a record (recorded in the manifest as the template)."""
     return EMBED_TEMPLATE.format(title=record["title"], body=record.get("body") or "")
 
@@ -117,7 +124,7 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
-def lexical_text(record: dict[str, Any]) -> str:
+def lexical_text(record: Record) -> str:
     """The text BM25 indexes: title, body and tags."""
     return "\n".join((record["title"], record.get("body") or "", " ".join(record.get("tags") or ())))
 
@@ -131,7 +138,7 @@ def _utf8(value: str, field: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise _Fail(f"record-invalid-{field}", f"{field} is not valid Unicode text", field)
+        raise _Fail(f"record-invalid-{field}", f"{field} is not valid Unicode text", field) from None
 
 
 def _single_line(value: Any, field: str, limit: int, *, required: bool) -> str | None:
@@ -213,13 +220,13 @@ def _created_at(value: Any, stored: bool) -> str | None:
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise _Fail("record-invalid-created-at", f"created_at {value!r} is not ISO-8601", "created_at")
+        raise _Fail("record-invalid-created-at", f"created_at {value!r} is not ISO-8601", "created_at") from None
     if parsed.tzinfo is None:
         raise _Fail("record-invalid-created-at", "created_at must carry a time zone (e.g. Z)", "created_at")
     return value
 
 
-def normalise_record(raw: Any, types: Iterable[str] | None) -> dict[str, Any]:
+def normalise_record(raw: Any, types: Iterable[str] | None) -> Record:
     """Validate one record and return it in canonical form (field order of the spec).
 
     ``types=None`` means the record is being *read* from the log: any type
@@ -272,7 +279,7 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> dict[str, Any]:
                 "record-invalid-provenance", f"provenance must be one of {list(PROVENANCES)} or null", "provenance"
             )
         prov = prov.upper()
-    out = {
+    out: dict[str, Any] = {
         "id": rid,
         "type": rtype,
         "phase": phase,
@@ -287,10 +294,10 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> dict[str, Any]:
         out["id"] = rid = derived_id(out)
     if out.get("supersedes") == rid:
         raise _Fail("record-invalid-supersedes", "a record cannot supersede itself", "supersedes")
-    return out
+    return cast(Record, out)
 
 
-def check_record(raw: Any, types: Iterable[str] | None) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
+def check_record(raw: Any, types: Iterable[str] | None) -> tuple[Record | None, dict[str, str] | None]:
     """``(record, None)`` when valid, else ``(None, {"code", "message", "field"})``."""
     try:
         return normalise_record(raw, types), None
@@ -298,7 +305,13 @@ def check_record(raw: Any, types: Iterable[str] | None) -> tuple[dict[str, Any] 
         return None, {"code": f.code, "message": f.message, "field": f.field}
 
 
-def validate_batch(raws: list[Any], types: Iterable[str]) -> list[dict[str, Any]]:
+def read_record(raw: Any) -> tuple[Record | None, dict[str, str] | None]:
+    """A record line of the log: ``(record, None)`` or ``(None, the error)``.  The same validator
+    as a write's (``normalise_record``), reading: any type word, nothing invented."""
+    return check_record(raw, None)
+
+
+def validate_batch(raws: list[Any], types: Iterable[str]) -> list[Record]:
     """Validate every record; raise one :class:`InputError` naming all failures.
 
     The error's code is the first failure's code; ``details.errors`` lists each
@@ -308,13 +321,14 @@ def validate_batch(raws: list[Any], types: Iterable[str]) -> list[dict[str, Any]
     if len(raws) > MAX_BATCH:
         raise InputError(f"a batch holds at most {MAX_BATCH} records", code="batch-too-large",
                          details={"count": len(raws), "limit": MAX_BATCH})
-    out: list[dict[str, Any]] = []
+    out: list[Record] = []
     errors: list[dict[str, Any]] = []
     for i, raw in enumerate(raws):
         rec, err = check_record(raw, types)
-        if err is None:
-            out.append(rec)  # type: ignore[arg-type]
+        if rec is not None:
+            out.append(rec)
             continue
+        assert err is not None
         rid = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
         errors.append({"index": i, "id": rid, **err})
     if errors:

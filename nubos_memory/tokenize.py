@@ -17,6 +17,7 @@ by ``TOKENIZER_VERSION``):
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 
@@ -30,17 +31,7 @@ _CJK_CHARS = ("\u1100-\u11ff\u3040-\u30ff\u3100-\u312f\u3130-\u318f\u31a0-\u31ff
 _CJK = re.compile(f"[{_CJK_CHARS}]+")
 
 STOP_WORDS = frozenset(
-    """
-    a about above after again against all am an and any are as at be because been
-    before being below between both but by can could did do does doing down during
-    each few for from further had has have having he her here hers herself him
-    himself his how i if in into is it its itself just me more most my myself no
-    nor not now of off on once only or other our ours ourselves out over own same
-    she should so some such than that the their theirs them themselves then there
-    these they this those through to too under until up very was we were what when
-    where which while who whom why will with would you your yours yourself
-    yourselves
-    """.split()
+    ["a", "about", "above", "after", "again", "against", "all", "am", "an", "and", "any", "are", "as", "at", "be", "because", "been", "before", "being", "below", "between", "both", "but", "by", "can", "could", "did", "do", "does", "doing", "down", "during", "each", "few", "for", "from", "further", "had", "has", "have", "having", "he", "her", "here", "hers", "herself", "him", "himself", "his", "how", "i", "if", "in", "into", "is", "it", "its", "itself", "just", "me", "more", "most", "my", "myself", "no", "nor", "not", "now", "of", "off", "on", "once", "only", "or", "other", "our", "ours", "ourselves", "out", "over", "own", "same", "she", "should", "so", "some", "such", "than", "that", "the", "their", "theirs", "them", "themselves", "then", "there", "these", "they", "this", "those", "through", "to", "too", "under", "until", "up", "very", "was", "we", "were", "what", "when", "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you", "your", "yours", "yourself", "yourselves"]
 )
 
 
@@ -122,3 +113,9 @@ def tokenize(text: str) -> list[str]:
                 if p not in STOP_WORDS:
                     out.append(p)
     return out
+
+
+def estimate_tokens(text: str) -> int:
+    """What ``text`` costs in an LLM's context: ``ceil(characters / 4)``, the usual rule of thumb
+    for English text and code with GPT/Claude-style tokenizers (no tokenizer is loaded for it)."""
+    return math.ceil(len(text) / 4)

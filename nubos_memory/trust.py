@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from .embed.modelfiles import user_config_dir
+from .userdirs import user_config_dir
 
 KEY_ENV = "NUBOS_MEMORY_KEY_FILE"
 SIGNATURE = "signature"

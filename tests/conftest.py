@@ -36,7 +36,7 @@ def project(tmp_path: Path) -> Path:
     """An initialised project using the hash embedder."""
     root = tmp_path / "proj"
     root.mkdir()
-    code, out, err = run_cli(["memory-init", "--root", str(root)])
+    code, _, err = run_cli(["memory-init", "--root", str(root)])
     assert code == 0, err
     # Near-duplicate detection is tuned for the real model; the hash double's cosines are not comparable,
     # so it is off here and switched on by the tests that are about it (tests/test_dedup.py).

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nubos_memory import Memory
-from nubos_memory.search.dedup import fingerprint
-from nubos_memory.embed.model import HashEmbedder
+from nubos_memory.embed import HashEmbedder
 from nubos_memory.records import strip_reasoning
+from nubos_memory.search.dedup import fingerprint
 
 from .conftest import index_records, query, rec, run_cli, write_config
 
@@ -74,7 +74,7 @@ def counted(project):
 def test_relogging_the_same_learning_maps_to_the_record_and_embeds_nothing(counted):
     mem, emb = counted
     first = mem.add(learning("Stripe webhooks arrive out of order", "use idempotency keys"))
-    log = mem.folder / "records.jsonl"
+    log = mem.project.memory_dir / "records.jsonl"
     size, embedded = log.stat().st_size, len(emb.texts)
     again = mem.add(learning("stripe WEBHOOKS arrive out of order!", "Use idempotency keys."))
     assert again["id"] == first["id"] and again["duplicate_of"] == first["id"] and again["added"] == 0
@@ -156,7 +156,7 @@ def test_changed_text_is_reembedded_and_unchanged_text_never(counted):
     """A hand edit of a record's text re-embeds that record only; a rebuild re-embeds nothing."""
     mem, emb = counted
     mem.index([learning(f"note on topic {w}", f"body about {w}") for w in ("kafka", "redis", "postgres")])
-    log = mem.folder / "records.jsonl"
+    log = mem.project.memory_dir / "records.jsonl"
     log.write_text(log.read_text().replace("body about redis", "body about valkey"))
     emb.texts.clear()
     mem.query("valkey")
@@ -172,7 +172,7 @@ def test_reasoning_blocks_are_stripped_before_storing(counted):
                            "thinking on"))
     stored = mem.scan().records[mem.scan().live(out["id"])]
     assert stored["title"] == "Use jose for JWT" and stored["body"] == "jose supports EdDSA."
-    assert "think" not in (mem.folder / "records.jsonl").read_text()
+    assert "think" not in (mem.project.memory_dir / "records.jsonl").read_text()
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -222,7 +222,8 @@ def test_importance_reorders_near_ties_only(project):
 
 
 def test_budget_skips_what_does_not_fit_and_keeps_going(project):
-    from nubos_memory.search.context import estimate_tokens, fit_budget, render_hit
+    from nubos_memory.api.context import fit_budget, render_hit
+    from nubos_memory.tokenize import estimate_tokens
 
     hits = [{"id": i, "score": 1.0 - n / 10, "retrieval": "hybrid",
              "record": {"id": i, "type": "learning", "title": f"t{i}", "body": body, "tags": [], "provenance": None}}
@@ -270,15 +271,15 @@ def test_a_duplicate_stored_by_another_writer_meanwhile_is_still_caught(project)
     """The cheap checks run before the lock; if the log moved before the lock was taken, they run
     again under it, so two writers logging the same learning at once store it once."""
     a, b = Memory.open(project), Memory.open(project)
-    real_hold = a.lock.hold
+    real_lock = a.store.lock
     fired = []
 
-    def hold(verb, timeout=None):
+    def lock(verb):
         if not fired:  # another process writes the same learning between a's checks and a's lock
             fired.append(b.add(learning("Kafka retention is seven days", "per topic")))
-        return real_hold(verb, timeout)
+        return real_lock(verb)
 
-    a.lock.hold = hold
+    a.store.lock = lock
     out = a.add(learning("kafka RETENTION is seven days", "per topic."))
     assert fired[0]["added"] == 1
     assert out["added"] == 0 and out["duplicate_of"] == fired[0]["id"]

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from nubos_memory.index.lexical import B, K1, RankBM25Scorer
+from nubos_memory.index.lexical import K1, B
 from nubos_memory.tokenize import tokenize
+
+from .bm25_reference import RankBM25Scorer
 
 
 def test_tokenizer_unicode_identifiers_and_stop_words():
@@ -123,7 +127,7 @@ def test_postings_equal_rank_bm25_across_appends_and_merges(docs, cuts, merge_mi
 
     engine = Eager()
     bounds = sorted({0, len(docs), *[min(c, len(docs)) for c in cuts]})
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         engine.add(docs[a:b])
     expected = RankBM25Scorer(docs).scores(query)
     assert engine.scores(query) == pytest.approx(expected, abs=1e-9)

@@ -38,7 +38,7 @@ def stats(root):
 
 def test_rebuild_is_byte_identical_and_reports(filled):
     r1 = run_cli(["memory-rebuild", "--root", str(filled)]).json
-    files1, m1 = derived(filled)
+    files1, _ = derived(filled)
     digests1 = {k: sha(files1[k]) for k in ("index", "keymap", "vectors")}
     r2 = run_cli(["memory-rebuild", "--root", str(filled)]).json
     files2, m2 = derived(filled)
@@ -235,7 +235,7 @@ def test_a_reader_settles_a_crashed_writers_torn_line_when_no_writer_runs(filled
     from nubos_memory import Memory
 
     holder = Memory.open(filled)
-    with holder.lock.hold("a writer"):  # a write in progress: a reader leaves the tail alone
+    with holder.store.lock("a writer"):  # a write in progress: a reader leaves the tail alone
         q = query(filled, "widget")
         assert q.code == 0 and any(w["code"] == "records-unfinished-write" for w in q.json["warnings"])
         assert path.read_bytes().endswith(b'"tit')

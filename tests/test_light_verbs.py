@@ -51,18 +51,19 @@ def test_verbs_that_embed_nothing_never_import_torch(tmp_path):
     query run in a fresh process without importing torch or sentence-transformers."""
     from nubos_memory import Memory
     from nubos_memory.config import DEFAULT_MODEL
-    from nubos_memory.embed.model import HashEmbedder, SentenceTransformerEmbedder
+    from nubos_memory.embed import HashEmbedder
+    from nubos_memory.embed.model import ModelEmbedder
 
     class StandIn(HashEmbedder):  # vectors under the packaged model's fingerprint, without the model
         provider = "local"
-        pooling = SentenceTransformerEmbedder.pooling
+        pooling = ModelEmbedder.pooling
 
         def __init__(self):
             super().__init__("hash-384")
             self.model_id = DEFAULT_MODEL
 
         def files_digest(self):
-            return SentenceTransformerEmbedder(DEFAULT_MODEL).files_digest()
+            return ModelEmbedder(DEFAULT_MODEL).files_digest()
 
     root = tmp_path / "p"
     root.mkdir()

@@ -11,7 +11,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from nubos_memory.records import MAX_TAGS, MAX_TITLE, PROVENANCES
+from nubos_memory.limits import MAX_TAGS, MAX_TITLE, PROVENANCES
 
 from .conftest import REPO
 

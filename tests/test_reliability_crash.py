@@ -103,11 +103,7 @@ def leftovers(folder):
     bad = []
     for path in folder.iterdir():
         name = path.name
-        if name.endswith(".tmp") or name.endswith(".folding"):
-            bad.append(name)
-        elif name.startswith(("index-", "keymap-", "vectors-")) and name not in current:
-            bad.append(name)
-        elif name.startswith("lexical-") and name != lexical:
+        if name.endswith(".tmp") or name.endswith(".folding") or (name.startswith(("index-", "keymap-", "vectors-")) and name not in current) or (name.startswith("lexical-") and name != lexical):
             bad.append(name)
     return bad
 
@@ -147,11 +143,9 @@ RARE = ("compact-backup-made", "rebuild-embedded", "lexical-npz-written")  # rea
 
 
 def test_kill_9_at_every_step_loses_nothing_acknowledged(project):
-    seed = 0
     report = {"trials": 0, "killed": 0, "acknowledged": 0, "records": 0, "lost": 0}
     reached = set()
-    for point, delay in trials():
-        seed += 1
+    for seed, (point, delay) in enumerate(trials(), start=1):
         nth = 1 if point in RARE else random.Random(seed).randint(1, 3)
         acked, forgot, killed = one_trial(project, seed, crash_at=f"{point}@{nth}" if point else None,
                                           kill_after=delay)

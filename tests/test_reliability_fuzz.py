@@ -24,7 +24,7 @@ from .conftest import HEAVY, REPO, run_cli, write_config
 pytestmark = pytest.mark.reliability
 
 SCALE = 4 if HEAVY else 1
-SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), derandomize=not HEAVY)
+SETTINGS = {"deadline": None, "suppress_health_check": list(HealthCheck), "derandomize": not HEAVY}
 
 
 def _known_codes() -> re.Pattern[str]:

@@ -34,7 +34,7 @@ def build_log(root, rng: random.Random) -> None:
         n += 1
         return {"id": f"r{n}", "type": "learning", "title": f"edited note tok{n}x", "body": f"body {n}", **kw}
 
-    for step in range(14):
+    for _ in range(14):
         roll = rng.random()
         if roll < 0.45:
             mem.index([record() for _ in range(rng.randint(2, 6))])

@@ -229,7 +229,7 @@ for round_ in range(int(sys.argv[3])):
     old = [r["id"] for r in mem.scan().records if r["id"].startswith("doc-") and mem.scan().live(r["id"]) is not None]
     new = [{"id": f"doc-{round_}-{i}", "type": "research", "title": f"section {i} of round {round_}",
             "body": "text " * 50} for i in range(20)]
-    mem._write(new, forget=old, reason="re-ingested", verb="test-writer", force=True)
+    mem.apply(new, forget=old, reason="re-ingested", verb="test-writer", force=True)
 """
 
 

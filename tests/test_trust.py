@@ -265,7 +265,7 @@ def test_a_hub_model_is_not_downloaded_unless_the_user_allows_it(project, tmp_pa
     assert "NUBOS_MEMORY_ALLOW_DOWNLOADS" in r.error["message"] and r.error["details"]["downloads"] is False
     q = run_sub(["memory-query", "--root", str(project), "note"], env=env)
     assert q.code == 0 and q.json["degraded"] is not None
-    from nubos_memory.embed.modelfiles import allow_downloads
+    from nubos_memory.userdirs import allow_downloads
 
     monkeypatch.setenv("NUBOS_MEMORY_ALLOW_DOWNLOADS", "1")
     assert allow_downloads()

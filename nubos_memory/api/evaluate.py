@@ -16,19 +16,20 @@ from __future__ import annotations
 import csv
 import hashlib
 import math
-import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from ..embed.model import Embedder
+from ..embed.base import Embedder
 from ..errors import InputError
 from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, ensure_dir, loads
-from ..records import MAX_BODY, MAX_TITLE, valid_id
+from ..limits import MAX_BODY, MAX_TITLE
+from ..records import valid_id
 
 MODES = ("lexical", "vector", "hybrid", "rrf")
 
@@ -71,11 +72,11 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
                         raise InputError(f"{path.name} line {number} is not JSON", code="beir-invalid",
                                          details={"file": str(path), "line": number}) from None
     except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}", code="beir-invalid", details={"file": str(path)})
+        raise InputError(f"cannot read {path}: {exc.strerror}", code="beir-invalid", details={"file": str(path)}) from None
     return out
 
 
-def load_beir(folder: Path, split: str) -> tuple[list[dict], dict[str, str], dict[str, dict[str, int]]]:
+def load_beir(folder: Path, split: str) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, dict[str, int]]]:
     """Corpus records, query texts and qrels of one split."""
     if not folder.is_dir():
         raise InputError(f"{folder} is not a BEIR folder", code="beir-invalid", details={"path": str(folder)})
@@ -88,7 +89,7 @@ def load_beir(folder: Path, split: str) -> tuple[list[dict], dict[str, str], dic
             for row in csv.DictReader(f, delimiter="\t"):
                 qrels.setdefault(row["query-id"], {})[row["corpus-id"]] = int(row["score"])
     except (OSError, KeyError, ValueError) as exc:
-        raise InputError(f"cannot read qrels {path}: {exc}", code="beir-invalid", details={"file": str(path)})
+        raise InputError(f"cannot read qrels {path}: {exc}", code="beir-invalid", details={"file": str(path)}) from None
     qrels = {q: r for q, r in qrels.items() if q in queries}
     if not corpus or not qrels:
         raise InputError("the dataset has no documents or no judged queries", code="beir-invalid",
@@ -164,7 +165,7 @@ class CachedEmbedder(Embedder):
 
 
 def default_cache_dir() -> Path:
-    from ..embed.modelfiles import user_cache_dir
+    from ..userdirs import user_cache_dir
 
     return user_cache_dir() / "embeddings"
 
@@ -176,8 +177,9 @@ def evaluate(source_config: dict[str, Any], folder: Path, *, split: str = "test"
              progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
     """Index ``folder``'s corpus into a scratch memory and score every judged query."""
     from ..config import CONFIG_FILE, STATE_DIR
-    from ..embed.model import make_embedder
-    from .memory import MAX_K, Memory
+    from ..embed import make_embedder
+    from ..limits import MAX_K
+    from .memory import Memory
 
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
         raise InputError(f"k must be an integer in 1..{MAX_K}", code="query-invalid-k", details={"k": k})
@@ -209,7 +211,7 @@ def evaluate(source_config: dict[str, Any], folder: Path, *, split: str = "test"
         embedded, from_cache = getattr(emb, "misses", None), getattr(emb, "hits", None)
         if isinstance(emb, CachedEmbedder):
             emb.save()
-        mem._embedder = inner  # queries embed for real: their latency includes the model
+        mem.use_embedder(inner)  # queries embed for real: their latency includes the model
         judged = sorted(qrels, key=lambda q: (len(q), q))[: max_queries or None]
         depth = max(k, 100)
         out_modes: dict[str, Any] = {}

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import RebuildRequired, StoreError
 from ..records import SCHEMA_VERSION
+from ..types import Stats
 
 # Problems that already say why vectors are missing (no separate "index-behind" then).
 VECTOR_BLOCKERS = ("memory-rebuild-required", "manifest-corrupt", "manifest-untrusted", "index-missing",
@@ -31,10 +32,10 @@ def hnsw_element_count(path: "Path") -> int | None:
         return None
     if len(header) < 24:
         return None
-    return struct.unpack("<QQQ", header)[2]
+    return int(struct.unpack("<QQQ", header)[2])
 
 
-def collect_stats(mem: "Memory") -> dict[str, Any]:
+def collect_stats(mem: "Memory") -> Stats:
     cfg = mem.config
     scan = mem.scan()
     problems: list[dict[str, Any]] = []
@@ -46,8 +47,8 @@ def collect_stats(mem: "Memory") -> dict[str, Any]:
     fingerprint_match = None
     if manifest is not None:
         try:
-            err = mem._mismatch(manifest, None)
-        except Exception as exc:  # pragma: no cover - a broken embedder config
+            err = mem.vectors.mismatch(manifest, None)
+        except Exception as exc:  # noqa: BLE001 - a broken embedder config
             err = RebuildRequired(str(exc))
         fingerprint_match = err is None
         if err is not None:
@@ -84,7 +85,7 @@ def collect_stats(mem: "Memory") -> dict[str, Any]:
     reasons: dict[str, int] = {}
     for info in scan.dead.values():
         reasons[info["reason"]] = reasons.get(info["reason"], 0) + 1
-    return {
+    out: Stats = {
         "count": scan.live_count,
         "retired": {"total": len(scan.dead), "by_reason": reasons},
         "dim": embedding.get("dim") if manifest else mem.embedder.known_dim(),
@@ -117,6 +118,11 @@ def collect_stats(mem: "Memory") -> dict[str, Any]:
             "consistent": not problems and pending == 0 and stale == 0,
             "problems": problems,
         },
-        "memory_dir": str(mem.folder),
         "bytes": scan.size,
     }
+    where = mem.store.describe()
+    out["backend"] = str(where.get("backend"))
+    out["store"] = where
+    if "memory_dir" in where:
+        out["memory_dir"] = str(where["memory_dir"])
+    return out

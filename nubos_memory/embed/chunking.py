@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from typing import Sequence
+from collections.abc import Callable, Sequence
 
 # A paragraph break, or the end of a sentence followed by what starts one.
 _BREAK = re.compile(r"\n\s*\n|(?<=[.!?])\s+(?=[\"'(\[A-Z0-9])|\n")
@@ -111,11 +111,11 @@ def split_for_window(text: str, token_starts: Sequence[int], limit: int,
 
 
 def char_estimate_starts(text: str, chars_per_token: int = 4) -> list[int]:
-    """Pseudo token starts for the ``characters / 4`` estimate (``context.estimate_tokens``)."""
+    """Pseudo token starts for the ``characters / 4`` estimate (``tokenize.estimate_tokens``)."""
     return list(range(0, len(text), chars_per_token))
 
 
-def word_starts(text: str, count_tokens) -> list[int]:
+def word_starts(text: str, count_tokens: Callable[[str], Sequence[object]]) -> list[int]:
     """Token start offsets for a tokenizer that cannot report offsets: each
     whitespace-separated word's tokens are all placed at the word's start."""
     starts: list[int] = []

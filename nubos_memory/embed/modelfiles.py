@@ -25,47 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from ..fsio import DIR_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
+from ..limits import DEFAULT_MODEL
+from ..userdirs import DOWNLOADS_ENV, allow_downloads, user_cache_dir
 
-DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-DOWNLOADS_ENV = "NUBOS_MEMORY_ALLOW_DOWNLOADS"
-SETTINGS_FILE = "settings.json"
+__all__ = ["DOWNLOADS_ENV", "allow_downloads", "digest", "locate", "model_files", "packaged_model_path"]
+
 HASHES_FILE = "file-hashes.json"
 # Files that decide the vectors; READMEs, training-data notes and other runtimes' exports do not.
 MODEL_SUFFIXES = (".json", ".txt", ".model", ".safetensors")
 IGNORED_NAMES = frozenset(("data_config.json", "README.md"))
 IGNORED_DIRS = frozenset(("onnx", "openvino", ".git", ".cache"))
-
-
-def user_config_dir() -> Path:
-    """``$XDG_CONFIG_HOME/nubos-memory`` (``~/.config`` by default): this user's settings and key."""
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "nubos-memory"
-
-
-def user_cache_dir() -> Path:
-    """``$NUBOS_MEMORY_CACHE``, else ``$XDG_CACHE_HOME/nubos-memory`` (``~/.cache`` by default)."""
-    explicit = os.environ.get("NUBOS_MEMORY_CACHE")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "nubos-memory"
-
-
-def user_settings() -> dict[str, Any]:
-    """``settings.json`` in the user's config folder ({} when absent or unreadable)."""
-    try:
-        doc = loads(read_regular(user_config_dir() / SETTINGS_FILE))
-    except (OSError, JSONDecodeError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def allow_downloads() -> bool:
-    """Whether this user allows models to be fetched from a hub (see module docstring)."""
-    env = os.environ.get(DOWNLOADS_ENV)
-    if env is not None:
-        return env.strip().lower() in ("1", "true", "yes", "on")
-    return user_settings().get("allow_downloads") is True
 
 
 def packaged_model_path() -> str | None:
@@ -161,7 +130,7 @@ def digest(folder: Path) -> str | None:
         if not files:
             return None
         for path in files:
-            h.update(f"{path.relative_to(folder).as_posix()}\0{cache.sha256(path)}\n".encode("utf-8"))
+            h.update(f"{path.relative_to(folder).as_posix()}\0{cache.sha256(path)}\n".encode())
     except OSError:
         return None
     finally:

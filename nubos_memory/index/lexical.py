@@ -6,7 +6,8 @@ change without moving them::
     score(q, d) = Σ_{t ∈ set(q)} idf(t) · tf(t,d)·(k1+1) / (tf(t,d) + k1·(1 − b + b·|d|/avgdl))
     idf(t)      = ln(1 + (N − n(t) + 0.5) / (n(t) + 0.5))        k1 = 1.5, b = 0.75
 
-This is rank-bm25's ``BM25Okapi`` with the Lucene idf.  ``self_score(q)`` is
+This is rank-bm25's ``BM25Okapi`` with the Lucene idf (``tests/bm25_reference.py`` holds
+rank-bm25 itself as the reference the tests compare against; it is a test dependency only).  ``self_score(q)`` is
 what the query itself would score as a document of average length,
 ``Σ_{t ∈ set(q), idf(t) > 0} idf(t) · c(t)·(k1+1) / (c(t) + k1)`` with ``c(t)``
 the term's count in the query; fusion normalises by it (see ``fusion.py``).  rank-bm25's own idf,
@@ -19,7 +20,8 @@ positive and keeps rare terms ranked first.
 from __future__ import annotations
 
 import math
-from typing import Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -40,44 +42,12 @@ class LexicalScorer(Protocol):
         """The query's BM25 score against itself as a document of average length."""
 
 
-def self_score(idf, terms: Sequence[str]) -> float:
+def self_score(idf: Callable[[str], float], terms: Sequence[str]) -> float:
     """``Σ idf(t)·c(k1+1)/(c+k1)`` over the distinct terms (see module docstring)."""
     counts: dict[str, int] = {}
     for t in terms:
         counts[t] = counts.get(t, 0) + 1
     return sum(idf(t) * c * (K1 + 1) / (c + K1) for t, c in counts.items())
-
-
-def _make_bm25(corpus: list[list[str]]):  # imported lazily: rank_bm25 is not needed by light verbs
-    from rank_bm25 import BM25Okapi
-
-    class LuceneIdfBM25(BM25Okapi):
-        def _calc_idf(self, nd: dict[str, int]) -> None:
-            n = self.corpus_size
-            self.idf = {t: math.log(1.0 + (n - df + 0.5) / (df + 0.5)) for t, df in nd.items()}
-
-    return LuceneIdfBM25(corpus, k1=K1, b=B)
-
-
-class RankBM25Scorer:
-    """rank-bm25 over pre-tokenised documents."""
-
-    def __init__(self, docs: list[list[str]]):
-        self.size = len(docs)
-        # rank-bm25 divides by the corpus size; an empty corpus scores nothing.
-        self._bm25 = _make_bm25(docs) if docs else None
-
-    def idf(self, term: str) -> float:
-        return 0.0 if self._bm25 is None else float(self._bm25.idf.get(term, 0.0))
-
-    def scores(self, terms: Sequence[str]) -> np.ndarray:
-        unique = [t for t in dict.fromkeys(terms) if self.idf(t) > 0]
-        if self._bm25 is None or not unique:
-            return np.zeros(self.size, dtype=np.float64)
-        return np.asarray(self._bm25.get_scores(unique), dtype=np.float64)
-
-    def self_score(self, terms: Sequence[str]) -> float:
-        return self_score(self.idf, terms)
 
 
 class PostingsBM25:
@@ -117,7 +87,7 @@ class PostingsBM25:
     @property
     def size(self) -> int:
         """Documents ever added (doc ids run 0..size-1), removed ones included."""
-        return int(len(self.doc_len))
+        return len(self.doc_len)
 
     @property
     def live(self) -> int:
@@ -273,7 +243,7 @@ class PostingsBM25:
         self.doc_len = np.asarray(arrays["doc_len"], dtype=np.float64)
         removed = arrays.get("removed")
         if removed is not None and len(removed):
-            self.removed = set(int(d) for d in removed)
+            self.removed = {int(d) for d in removed}
             self._removed_df = {int(t): int(n) for t, n in enumerate(arrays["removed_df"]) if n}
             self._removed_len = float(self.doc_len[np.asarray(removed, dtype=np.int64)].sum())
         return self

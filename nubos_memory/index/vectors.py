@@ -102,6 +102,10 @@ class VectorIndex:
     def dim(self) -> int:
         return int(self.vectors.shape[1])
 
+    def trust_graph(self) -> None:
+        """Mark the graph as verified: this process wrote it and hashed it while writing."""
+        self._graph_verified = True
+
     def verify_graph(self) -> None:
         """Check the graph file against its recorded sha256 before hnswlib ever reads it."""
         from ..errors import StoreError
@@ -141,7 +145,7 @@ class VectorIndex:
             index.set_ef(max(self.ef_search, want))
             labels, dists = index.knn_query(query.reshape(1, -1), k=want, num_threads=1)
             labels, sims = labels[0].astype(np.int64), (1.0 - dists[0]).astype(np.float32)
-            if excluded:
+            if allowed is not None and excluded:
                 keep = np.isin(labels, allowed)
                 labels, sims = labels[keep], sims[keep]
             return labels[:k], sims[:k]
@@ -163,4 +167,4 @@ class VectorIndex:
         """Exact cosine of the given labels' stored (unit) vectors with ``query``."""
         if len(labels) == 0:
             return np.zeros(0, dtype=np.float32)
-        return (self.vectors[labels] @ query).astype(np.float32)
+        return np.asarray(self.vectors[labels] @ query, dtype=np.float32)

@@ -8,7 +8,7 @@
   keeps its heading.  Text before the first ``##`` is a chunk of its own under
   the ``#`` title (or the file name).  A file without ``##`` headings is one
   section.
-* A section longer than ``MAX_CHUNK_TOKENS`` (by ``context.estimate_tokens``,
+* A section longer than ``MAX_CHUNK_TOKENS`` (by ``tokenize.estimate_tokens``,
   characters / 4) is cut at paragraph boundaries (a fenced code block is one
   paragraph), then sentences, then words; every piece starts with the heading.
 """

@@ -23,15 +23,17 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
-from .markdown import FrontmatterError, chunk_markdown
 from ..records import validate_batch
+from .markdown import FrontmatterError, chunk_markdown
 
 if TYPE_CHECKING:
-    from ..api.memory import Memory
+    from ..store.recordlog import LogScan
+    from ..types import Record
 
 DEFAULT_INCLUDE = ("*.md", "*.markdown")
 SKIP_DIRS = frozenset((".git", ".nubos-pilot", "node_modules", ".venv", "__pycache__"))
@@ -97,7 +99,7 @@ def select_files(paths: list[str], root: Path, include: list[str], exclude: list
 
 
 def chunk_id(source: str, index: int, text: str) -> str:
-    digest = hashlib.sha256(f"{source}\x00{index}\x00{text}".encode("utf-8")).hexdigest()[:24]
+    digest = hashlib.sha256(f"{source}\x00{index}\x00{text}".encode()).hexdigest()[:24]
     return f"md:{digest}"
 
 
@@ -137,24 +139,30 @@ def file_records(path: Path, rel: str, record_type: str | None) -> list[dict[str
     return out
 
 
-def ingest(mem: "Memory", paths: list[str], *, include: list[str] = (), exclude: list[str] = (),  # type: ignore[assignment]
-           prune_missing: bool = False, record_type: str | None = None) -> dict[str, Any]:
-    """Bring the memory's chunks of these markdown files up to date (see module docstring)."""
-    root = mem.project.root.resolve()
+def read_documents(paths: Sequence[str], root: Path, *, include: Sequence[str], exclude: Sequence[str],
+                   record_type: str | None, types: Sequence[str]
+                   ) -> tuple[dict[str, list[Record]], list[dict[str, str]], list[str]]:
+    """``(records by file, files passed over and why, project-relative path prefixes given)``."""
     files, skipped, prefixes = select_files(list(paths), root, list(include), list(exclude))
-    if record_type is not None and record_type not in mem.config.record_types:
-        raise InputError(f"type must be one of {list(mem.config.record_types)}", code="record-invalid-type",
+    if record_type is not None and record_type not in types:
+        raise InputError(f"type must be one of {list(types)}", code="record-invalid-type",
                          details={"type": record_type})
-    desired: dict[str, list[dict[str, Any]]] = {}
+    desired: dict[str, list[Record]] = {}
     for path in files:
         rel = _rel(path, root)
         records = file_records(path, rel, record_type)
         try:
-            desired[rel] = validate_batch(records, mem.config.record_types)
+            desired[rel] = validate_batch(records, types)
         except InputError as exc:
             exc.details["path"] = rel
             raise
-    scan = mem.scan()
+    return desired, skipped, prefixes
+
+
+def plan(scan: "LogScan", desired: dict[str, list[Record]], prefixes: Sequence[str], root: Path, *,
+         prune_missing: bool) -> tuple[list[Record], dict[str, str], dict[str, int]]:
+    """What bringing the memory up to date with ``desired`` takes: ``(records to add, ids to retire
+    with their reason, a report of files new, changed, unchanged and removed)``."""
     live_by_source: dict[str, set[str]] = {}
     for pos, rec in enumerate(scan.records):
         source = rec.get("source_file")
@@ -164,9 +172,9 @@ def ingest(mem: "Memory", paths: list[str], *, include: list[str] = (), exclude:
     # chunk's id is a hash of its text): only ingest's own retirements are undone by ingesting.
     user_retired = {rid for rid, pos in scan.position.items()
                     if pos in scan.dead and scan.dead[pos].get("reason") not in INGEST_REASONS}
-    add: list[dict[str, Any]] = []
+    add: list[Record] = []
     retire: dict[str, str] = {}
-    report = {"files": len(files), "new": 0, "changed": 0, "unchanged": 0, "removed": 0, "kept_retired": 0}
+    report = {"files": len(desired), "new": 0, "changed": 0, "unchanged": 0, "removed": 0, "kept_retired": 0}
     for rel, records in desired.items():
         have = live_by_source.get(rel, set())
         want = {r["id"] for r in records}
@@ -177,17 +185,11 @@ def ingest(mem: "Memory", paths: list[str], *, include: list[str] = (), exclude:
             continue
         report["new" if not have else "changed"] += 1
         add += [r for r in records if r["id"] not in have and r["id"] not in kept_retired]
-        retire.update({rid: "re-ingested" for rid in sorted(have - want)})
+        retire.update(dict.fromkeys(sorted(have - want), "re-ingested"))
     if prune_missing:
         for source, ids in sorted(live_by_source.items()):
             in_scope = any(p == "" or source == p or source.startswith(p.rstrip("/") + "/") for p in prefixes)
             if in_scope and source not in desired and not (root / source).exists():
                 report["removed"] += 1
-                retire.update({rid: "source-removed" for rid in sorted(ids)})
-    out: dict[str, Any] = {**report, "added": 0, "retired": 0, "embedded": 0, "skipped": skipped,
-                           "degraded": None, "warnings": scan.warnings()}
-    if add or retire:
-        written = mem._write(add, forget=list(retire), reasons=retire, verb="memory-ingest", force=True)
-        out.update(added=written["added"], retired=len(written["forgotten"]), embedded=written["embedded"],
-                   degraded=written["degraded"], warnings=written["warnings"])
-    return out
+                retire.update(dict.fromkeys(sorted(ids), "source-removed"))
+    return add, retire, report

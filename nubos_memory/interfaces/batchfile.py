@@ -35,21 +35,21 @@ def parse_batch(data: bytes, source: str = "-") -> list[Any]:
         try:
             doc = loads(text)
         except JSONDecodeError as exc:
-            line = text.count("\n", 0, exc.pos) + 1
-            excerpt = text.splitlines()[line - 1][:80] if text.splitlines() else ""
-            raise _bad(f"not a valid JSON array (line {line}): {exc.msg}", line, excerpt, source) from None
+            at = text.count("\n", 0, exc.pos) + 1
+            excerpt = text.splitlines()[at - 1][:80] if text.splitlines() else ""
+            raise _bad(f"not a valid JSON array (line {at}): {exc.msg}", at, excerpt, source) from None
         if not isinstance(doc, list):  # pragma: no cover - '[' always parses to a list
             raise _bad("not a JSON array", 1, stripped[:80], source)
         return doc
     out: list[Any] = []
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
+    for number, row in enumerate(text.split("\n"), start=1):
+        if not row.strip():
             continue
         try:
-            out.append(loads(line))
+            out.append(loads(row))
         except JSONDecodeError as exc:
             raise _bad(f"line {number} is neither JSON Lines nor part of a JSON array: {exc.msg}",
-                       number, line.strip()[:80], source) from None
+                       number, row.strip()[:80], source) from None
     if not out:
         raise _bad("records file holds no records", None, None, source)
     return out

@@ -6,7 +6,6 @@ costs little more than starting Python.
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import stat
@@ -94,19 +93,19 @@ def peer_uid(sock: socket.socket) -> int | None:
     """The uid of the process at the other end of a Unix socket (None where it cannot be told)."""
     if hasattr(socket, "SO_PEERCRED"):  # Linux
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return struct.unpack("3i", creds)[1]
+        return int(struct.unpack("3i", creds)[1])
     if sys.platform == "darwin":  # getpeereid: LOCAL_PEERCRED gives a struct xucred
         local_peercred = 0x001
         creds = sock.getsockopt(0, local_peercred, struct.calcsize("IIh16I") + 8)
-        return struct.unpack_from("II", creds)[1]
+        return int(struct.unpack_from("II", creds)[1])
     return None
 
 
-def forward(args: argparse.Namespace) -> tuple[tuple[int, str, Any] | None, dict[str, str] | None]:
+def forward(name: str, request: dict[str, Any]) -> tuple[tuple[int, str, Any] | None, dict[str, str] | None]:
     """``(the server's answer, None)``, or ``(None, why not)`` when the verb must run in-process:
     no server, a stale socket (no warning), or a server that may not be ours (a warning)."""
     try:
-        root = find_root(args.root)
+        root = find_root(request.get("root"))
     except NubosMemoryError:
         return None, None
     path = socket_path(root)
@@ -130,16 +129,16 @@ def forward(args: argparse.Namespace) -> tuple[tuple[int, str, Any] | None, dict
         return None, {"code": "server-untrusted",
                       "message": f"memory-serve was not used: {why}; answered in-process instead",
                       "socket": str(path)}
-    request = {k: v for k, v in vars(args).items() if k != "root"}
+    args = {k: v for k, v in request.items() if k != "root"}
     sent = False
     try:
         with sock:
             sock.settimeout(None)  # a forwarded write may embed for a while
-            send_message(sock, {"args": request})
+            send_message(sock, {"verb": name, "args": args})
             sent = True
             reply = recv_message(sock)
     except (OSError, ValueError, ConnectionError, JSONDecodeError):
-        if sent and args.verb == "memory-index":
+        if sent and name == "memory-index":
             # Records without an id got fresh ones inside the server; redoing the batch here
             # could store them twice, so say what happened instead of guessing.
             return (7, "stderr", {"error": {

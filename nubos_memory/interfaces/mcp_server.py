@@ -1,14 +1,15 @@
 """``memory-mcp``: the memory as Model Context Protocol tools over stdio.
 
 Built on the official ``mcp`` SDK (``mcp.server.mcpserver.MCPServer``).  One
-:class:`~nubos_memory.warm.WarmMemory` serves every call, so the embedding
-model loads once per server process.  Each tool calls one ``Memory`` method,
-like a CLI verb; its input schema is generated from the typed signature
-below, with the same bounds the library enforces, so what the schema admits
-is what the handler accepts.  A :class:`NubosMemoryError` comes back as an MCP
-tool error (``is_error``) whose text is our JSON error envelope, stable code
-included.  Successful results are the same JSON documents the CLI prints
-(``memory_query`` can also answer with the markdown context block).
+:class:`~nubos_memory.interfaces.warm.WarmMemory` serves every call, so the
+embedding model loads once per server process, and a call that arrives while
+it warms up waits for that one load.  Each tool is a verb of the one verb
+table (``verbs.py``), like a CLI command; its input schema is generated from
+the typed signature below, with the bounds from ``limits.py`` that the library
+enforces.  An error comes back as an MCP tool error (``is_error``) whose text
+is our JSON error envelope, stable code included.  Successful results are the
+same JSON documents the CLI prints (``memory_query`` can also answer with the
+markdown context block).
 
 stdout belongs to the protocol: nothing else is ever printed there.
 """
@@ -16,15 +17,27 @@ stdout belongs to the protocol: nothing else is ever printed there.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from ..errors import NubosMemoryError
 from ..fsio import dumps
-from ..api.memory import MAX_K, MAX_QUERY_CHARS
-from ..records import ID_PATTERN, MAX_BODY, MAX_ID, MAX_PHASE, MAX_REASON, MAX_TAG, MAX_TAGS, MAX_TITLE
+from ..limits import (
+    ID_PATTERN,
+    MAX_BODY,
+    MAX_ID,
+    MAX_K,
+    MAX_PHASE,
+    MAX_QUERY_CHARS,
+    MAX_REASON,
+    MAX_TAG,
+    MAX_TAGS,
+    MAX_TITLE,
+)
+from .verbs import VERBS, Context, run
+
+if TYPE_CHECKING:
+    from .warm import WarmMemory
 
 INSTRUCTIONS = """Long-term project memory for coding agents: learnings, decisions, research notes, critic
 findings and handoffs written by earlier sessions. Query it before you research, plan or review
@@ -35,8 +48,8 @@ Tag = Annotated[str, Field(min_length=1, max_length=MAX_TAG, pattern=r"^[^,\x00-
 Tags = Annotated[list[Tag], Field(max_length=MAX_TAGS)]
 
 
-def build_server(root: str | None) -> Any:
-    """An ``MCPServer`` whose tools operate on the project memory at ``root``."""
+def build_server(root: str | None) -> tuple[Any, "WarmMemory"]:
+    """An ``MCPServer`` whose tools operate on the project memory at ``root``, and its warm memory."""
     from mcp.server.mcpserver import MCPServer
     from mcp_types import CallToolResult, TextContent
 
@@ -44,18 +57,17 @@ def build_server(root: str | None) -> Any:
     from .warm import WarmMemory
 
     warm = WarmMemory(root)
-    lock = threading.Lock()  # one call at a time: a Memory is not shared between threads
     server = MCPServer("nubos-memory", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
 
-    def call(method: str, *args: Any, **kwargs: Any) -> Any:
-        """The Memory method's answer, or our error envelope as an MCP tool error."""
-        with lock:
-            try:
-                return getattr(warm.get(), method)(*args, **kwargs)
-            except NubosMemoryError as exc:
-                envelope = {"error": exc.to_dict()}
-                return CallToolResult(content=[TextContent(type="text", text=dumps(envelope).decode())],
-                                      structured_content=envelope, is_error=True)
+    def call(name: str, request: dict[str, Any]) -> Any:
+        """The verb's answer, or our error envelope as an MCP tool error.  Calls wait for the
+        warm-up (it holds the same locks), so the model loads once."""
+        with warm.use(writes=VERBS[name].writes) as mem:
+            code, _, doc = run(name, {**request, "root": str(warm.root)}, Context(open_memory=lambda _root: mem))
+        if code != 0:
+            return CallToolResult(content=[TextContent(type="text", text=dumps(doc).decode())],
+                                  structured_content=doc, is_error=True)
+        return doc
 
     def as_text(doc: Any) -> Any:
         if isinstance(doc, (str, CallToolResult)):
@@ -79,12 +91,12 @@ def build_server(root: str | None) -> Any:
         learning is already stored (same words, or a near duplicate), nothing is stored and the answer's
         `id`/`duplicate_of` name the existing record; `force` stores it anyway. `supersedes` retires the
         record this one replaces."""
-        record = {"type": type, "title": title, "body": body, "tags": tags or [], "phase": phase,
-                  "provenance": provenance}
+        record: dict[str, Any] = {"type": type, "title": title, "body": body, "tags": tags or [], "phase": phase,
+                                  "provenance": provenance}
         for key, value in (("id", id), ("supersedes", supersedes), ("importance", importance)):
             if value is not None:
                 record[key] = value
-        return as_text(call("add", record, force=force))
+        return as_text(call("memory-add", {**record, "force": force}))
 
     def memory_query(
         text: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS,
@@ -104,13 +116,9 @@ def build_server(root: str | None) -> Any:
         search, best first. `format: markdown` returns a context block ready to paste into a prompt
         (title, provenance label such as [CACHED:VERIFIED], source, body). If the vector layer is
         unavailable the answer is keyword-only and says so in `degraded`."""
-        result = call("query", text, k=k, type=type, phase=phase, tags=tags, max_tokens=max_tokens, mode=mode,
-                      fusion=fusion, alpha=alpha, explain=explain)
-        if format == "markdown" and isinstance(result, dict):
-            from ..search.context import render_markdown
-
-            return render_markdown(result)
-        return as_text(result)
+        return as_text(call("memory-query", {"text": text, "k": k, "type": type, "phase": phase, "tags": tags,
+                                             "max_tokens": max_tokens, "mode": mode, "fusion": fusion,
+                                             "alpha": alpha, "explain": explain, "format": format}))
 
     def memory_ingest(
         paths: Annotated[list[Annotated[str, Field(min_length=1, max_length=4096)]],
@@ -124,37 +132,34 @@ def build_server(root: str | None) -> Any:
         """Index markdown knowledge (CLAUDE.md, docs/, memory category files with frontmatter), split on ##
         headings. Re-running is cheap: unchanged files change nothing; changed files replace exactly
         their old chunks; `prune_missing` retires chunks of deleted files."""
-        base = warm.root
-        absolute = [str(Path(p) if Path(p).is_absolute() else base / p) for p in paths]
-        return as_text(call("ingest", absolute, include=include or [], exclude=exclude or [],
-                         prune_missing=prune_missing, record_type=type))
+        return as_text(call("memory-ingest", {"paths": paths, "include": include, "exclude": exclude,
+                                              "prune_missing": prune_missing, "type": type}))
 
     def memory_forget(
         ids: Annotated[list[Id], Field(min_length=1, max_length=10_000)],
         reason: Annotated[str, Field(min_length=1, max_length=MAX_REASON, pattern=r"^[^\x00-\x1f\x7f]+$")] = "forgotten",
     ) -> Any:
         """Retire records by id: they never appear in results again (the log keeps them, append-only)."""
-        return as_text(call("forget", ids, reason=reason))
+        return as_text(call("memory-forget", {"ids": ids, "reason": reason}))
 
     def memory_stats() -> Any:
         """Counts, model, timestamps and a consistency report of the memory."""
-        return as_text(call("stats"))
+        return as_text(call("memory-stats", {}))
 
     def memory_rebuild() -> Any:
         """Rebuild every derived file (vector index, keymap, lexical index) from records.jsonl; needed after
         changing the embedding model. Unchanged text is not re-embedded."""
-        return as_text(call("rebuild"))
+        return as_text(call("memory-rebuild", {}))
 
     for fn in (memory_add, memory_query, memory_ingest, memory_forget, memory_stats, memory_rebuild):
         server.add_tool(fn, structured_output=False)
-    server._nubos_warm = warm  # type: ignore[attr-defined]
-    return server
+    return server, warm
 
 
-def run(root: str | None) -> None:
-    """Serve over stdio until the client closes the connection."""
-    server = build_server(root)
-    warm = server._nubos_warm
+def run_mcp(root: str | None) -> None:
+    """Serve over stdio until the client closes the connection; the model warms up meanwhile
+    (a first call waits for it rather than loading it again)."""
+    server, warm = build_server(root)
 
     def warm_up() -> None:
         try:

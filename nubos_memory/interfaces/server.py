@@ -1,55 +1,77 @@
 """``memory-serve``: keep one project's model, index and lexical index warm.
 
-It listens on ``.nubos-pilot/memory/serve.sock`` (owner-only) and answers the
-same verbs as the CLI, with the same JSON and the same errors, by running the
-same code against one long-lived :class:`Memory`.  Requests are handled one
-at a time; writes keep every guarantee of the core (they go through the same
-lock, fsync and atomic commit), and the warm snapshot re-reads whatever other
-processes wrote before each answer.
+It listens on ``.nubos-pilot/memory/serve.sock`` (owner-only; peers of another
+uid are refused) and answers the same verbs as the CLI, with the same JSON and
+the same errors, by running the same verb table (``verbs.py``) against a
+:class:`~nubos_memory.interfaces.warm.WarmMemory`.  Each connection is served
+on its own thread: queries are answered while a long write is running (writes
+run one at a time, and keep every guarantee of the core: the same lock, fsync
+and atomic commit), and a background thread embeds records other processes
+wrote without vectors.  Other processes' writes are seen by the next answer.
+
+Start-up: the server takes ``serve.lock`` (a second server gets
+``serve-already-running`` at once), warms up (log, indexes, model), and only
+then binds the socket and prints ``{"serving": path}`` on stderr, so a client
+never waits on a half-started server: until then it works in-process.
+``--idle-timeout`` counts from the end of warm-up and of the last request.
 
 Protocol: one request per connection, each message an 8-byte big-endian length
-and a JSON document: ``{"args": {...parsed CLI arguments...}}`` →
+and a JSON document: ``{"verb": name, "args": {...request...}}`` →
 ``{"code", "stream", "doc"}``.
 """
 
 from __future__ import annotations
 
-import argparse
+import fcntl
 import os
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
-from . import cli
+from ..errors import InputError, UsageError, failure
+from ..fsio import DIR_MODE, FILE_MODE, dumps
 from .client import connect, peer_uid, recv_message, send_message, socket_path
-from ..errors import InputError
-from ..fsio import DIR_MODE, dumps
-from .warm import WarmMemory
+from .verbs import VERBS, Context, run
+from .warm import WarmMemory, catch_up_forever
+
+LOCK_NAME = "serve.lock"
 
 
 class Server:
     def __init__(self, root: str | None, idle_timeout: float = 0.0):
         self.warm = WarmMemory(root)
-        self.warm.memory._require_enabled()
+        self.warm.memory.require_enabled()
         self.root = self.warm.root
         self.path = socket_path(self.root)
         self.idle_timeout = idle_timeout
-        self._stop = False
+        self._stop = threading.Event()
+        self._active = 0
+        self._last = time.monotonic()
+        self._count_lock = threading.Lock()
         self.served = 0
 
-    def _memory(self, _root: str | None) -> Any:
-        return self.warm.get()
+    def _claim(self) -> int:
+        """Take ``serve.lock`` for this server's life; another server holding it wins."""
+        self.path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        fd = os.open(self.path.parent / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise InputError("a memory-serve is already running (or starting) for this memory",
+                             code="serve-already-running", details={"socket": str(self.path)}) from None
+        return fd
 
     def _bind(self) -> socket.socket:
-        self.path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         if self.path.exists() or self.path.is_symlink():
             try:
                 connect(self.path, timeout=0.5).close()
             except OSError:
                 self.path.unlink()  # stale: its server was killed
-            else:
+            else:  # a server of a version without serve.lock
                 raise InputError("a memory-serve is already running for this memory", code="serve-already-running",
                                  details={"socket": str(self.path)})
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -66,11 +88,12 @@ class Server:
                 sock.bind(target)
         finally:
             os.umask(old_umask)
-        sock.listen(16)
+        sock.listen(64)
         sock.settimeout(0.25)
         return sock
 
     def handle(self, conn: socket.socket) -> None:
+        """Answer one connection (on its own thread)."""
         with conn:
             try:
                 if peer_uid(conn) not in (None, os.getuid()):
@@ -80,65 +103,88 @@ class Server:
             conn.settimeout(30)
             try:
                 request = recv_message(conn)
-                args = argparse.Namespace(**request["args"])
-                args.root = str(self.root)
-            except Exception:
+                name, args = request["verb"], dict(request["args"])
+            except Exception:  # noqa: BLE001 - a broken request: nothing to answer
                 return
-            if args.verb not in cli.FORWARDED:
-                reply: Any = {"code": 2, "stream": "stderr", "doc": {"error": {
-                    "code": "usage", "message": f"{args.verb} is not served", "details": {}}}}
+            args["root"] = str(self.root)
+            if name not in VERBS or not VERBS[name].served:
+                code, envelope = failure(UsageError(f"{name!r} is not served by memory-serve"))
+                reply: dict[str, Any] = {"code": code, "stream": "stderr", "doc": envelope}
             else:
-                code, stream, doc = cli.execute(args)
+                with self.warm.use(writes=VERBS[name].writes) as mem:
+                    code, stream, doc = run(name, args, Context(open_memory=lambda _root: mem))
                 reply = {"code": code, "stream": stream, "doc": doc}
             try:
                 conn.settimeout(None)
                 send_message(conn, reply)
             except OSError:
                 pass
-            self.served += 1
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        try:
+            self.handle(conn)
+        finally:
+            with self._count_lock:
+                self._active -= 1
+                self.served += 1
+                self._last = time.monotonic()
 
     def serve(self) -> dict[str, Any]:
-        sock = self._bind()
+        claim = self._claim()
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        factory = cli.MEMORY_FACTORY
-        cli.MEMORY_FACTORY = self._memory
-        started = last = time.monotonic()
+        started = time.monotonic()
         reason = "signal"
+        sock = None
+        workers: list[threading.Thread] = []
         try:
             self.warm.warm_up()
-            # One line on stderr when ready, so scripts (and tests) can wait for it.
-            sys.stderr.write(dumps({"serving": str(self.path)}).decode() + "\n")
+            sock = self._bind()
+            catcher = threading.Thread(target=catch_up_forever, args=(self.warm, self._stop), daemon=True)
+            catcher.start()
+            self._last = time.monotonic()  # idle time counts from here, not from the start
+            sys.stderr.write(dumps({"serving": str(self.path),
+                                    "warnings": self.warm.memory.notices}).decode() + "\n")
             sys.stderr.flush()
-            while not self._stop:
-                if self.idle_timeout and time.monotonic() - last > self.idle_timeout:
+            while not self._stop.is_set():
+                with self._count_lock:
+                    idle = self._active == 0 and time.monotonic() - self._last > self.idle_timeout
+                if self.idle_timeout and idle:
                     reason = "idle"
                     break
                 try:
                     conn, _ = sock.accept()
-                except socket.timeout:
+                except (TimeoutError, InterruptedError):
                     continue
-                except InterruptedError:
-                    continue
-                self.handle(conn)
-                last = time.monotonic()
+                with self._count_lock:
+                    self._active += 1
+                worker = threading.Thread(target=self._serve_one, args=(conn,), daemon=True)
+                worker.start()
+                workers = [w for w in workers if w.is_alive()] + [worker]
         finally:
-            cli.MEMORY_FACTORY = factory
+            self._stop.set()
+            if sock is not None:
+                sock.close()
+                try:
+                    self.path.unlink()
+                except FileNotFoundError:
+                    pass
+            for worker in workers:  # answers under way are finished, not cut
+                worker.join(timeout=60)
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            sock.close()
-            try:
-                self.path.unlink()
-            except FileNotFoundError:
-                pass
+            os.close(claim)
         return {"stopped": True, "reason": reason, "served": self.served,
                 "uptime_s": round(time.monotonic() - started, 3), "socket": str(self.path)}
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self._stop = True
+        self._stop.set()
 
 
-def run(root: str | None, idle_timeout: float) -> dict[str, Any]:
+def run_server(root: str | None, idle_timeout: float) -> dict[str, Any]:
     """Serve in the foreground until SIGTERM/SIGINT or idle; return a summary."""
     if idle_timeout < 0:
-        raise InputError("--idle-timeout must be >= 0", code="usage")
+        raise UsageError("--idle-timeout must be >= 0")
     return Server(root, idle_timeout).serve()
+
+
+

@@ -1,55 +1,141 @@
-"""One project's :class:`Memory` kept warm in a long-lived process.
+"""One project's memory kept warm in a long-lived process (``memory-serve``, ``memory-mcp``).
 
-Used by ``memory-serve`` and ``memory-mcp``: the model, the vectors and the
-lexical index stay loaded between requests.  When ``.nubos-pilot/config.json``
-changes, the memory is reopened with the new settings, keeping the loaded
-model if provider and model are unchanged.
+The model, the vectors, the lexical index and the parsed log stay loaded
+between requests.  There are two :class:`Memory` objects over the same store,
+sharing one embedder (so the model loads once): writes go through one, one at
+a time, and reads through the other, so a query is answered while a long
+write (an index of hundreds of records) is still embedding.  Each sees the
+other's changes the way two processes would: through the store.
+
+``warm_up`` loads everything under both locks: a request that arrives during
+warm-up waits for it instead of loading the model a second time.  When the
+project config changes, both are reopened with the new settings, keeping the
+loaded model if provider and model are unchanged.  ``catch_up`` embeds records
+other processes wrote without vectors, a bounded slice at a time.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from ..errors import NubosMemoryError
 
+if TYPE_CHECKING:
+    from ..api.memory import Memory
+    from ..embed.base import Embedder
+
+CATCH_UP_SLICE_S = 1.0
+
 
 class WarmMemory:
-    def __init__(self, root: str | None):
+    def __init__(self, root: str | None, embedder: "Embedder | None" = None):
         from ..api.memory import Memory
 
-        self.memory = Memory.open(root)
-        self.root = self.memory.project.root
+        writer = Memory.open(root, embedder=embedder)
+        self.root = writer.project.root
+        self._writer = writer
+        self._reader = self._twin(writer)
+        self._write_lock = threading.Lock()
+        self._read_lock = threading.Lock()
         self._stamp = self._config_stamp()
+        self.loads = 0  # model loads (a warm process loads its model once)
+
+    @staticmethod
+    def _twin(mem: "Memory") -> "Memory":
+        from ..api.memory import Memory
+
+        twin = Memory(mem.project)
+        twin.use_embedder(mem.embedder)
+        return twin
+
+    @property
+    def memory(self) -> "Memory":
+        """The writer (for checks that need no lock)."""
+        return self._writer
 
     def _config_stamp(self) -> Any:
         try:
-            st = self.memory.project.config_path.stat()
+            st = self._writer.project.config_path.stat()
             return (st.st_ino, st.st_mtime_ns, st.st_size)
         except FileNotFoundError:
             return None
 
-    def get(self) -> Any:
-        """The warm Memory, reopened first if the project config changed."""
+    def _reopen_if_changed(self) -> None:
+        """Under both locks: reopen with the new settings when the project config changed."""
         stamp = self._config_stamp()
-        if stamp != self._stamp:
-            from ..api.memory import Memory
+        if stamp == self._stamp:
+            return
+        from ..api.memory import Memory
 
-            old = self.memory
-            fresh = Memory.open(self.root)
-            same_model = (fresh.config.provider, fresh.config.model) == (old.config.provider, old.config.model)
-            if old._embedder is not None and same_model:
-                fresh._embedder = old._embedder  # keep the loaded model
-            self.memory, self._stamp = fresh, stamp
-        return self.memory
+        old = self._writer
+        fresh = Memory.open(self.root)
+        loaded = old.loaded_embedder()
+        if loaded is not None and (fresh.config.provider, fresh.config.model) == (old.config.provider,
+                                                                                  old.config.model):
+            fresh.use_embedder(loaded)  # keep the loaded model
+        self._writer, self._reader, self._stamp = fresh, self._twin(fresh), stamp
+
+    @contextmanager
+    def use(self, writes: bool) -> Iterator["Memory"]:
+        """The memory for one request, held for it alone: the writer for a write, else the reader."""
+        if self._config_stamp() != self._stamp:
+            with self._write_lock, self._read_lock:
+                self._reopen_if_changed()
+        with self._write_lock if writes else self._read_lock:
+            yield self._writer if writes else self._reader
+
+    def get(self) -> "Memory":
+        """The writer, reopened first if the project config changed (single-threaded callers)."""
+        with self._write_lock, self._read_lock:
+            self._reopen_if_changed()
+        return self._writer
 
     def warm_up(self) -> None:
-        """Load the log, the lexical index, the vectors and the model ahead of the first request."""
-        mem = self.get()
-        if not mem.config.enabled or not mem.scan().records:
-            return
-        mem.snap.lexical_engine()
+        """Load the log, the lexical index, the vectors and the model, under both locks: a request
+        that arrives meanwhile waits for this one load instead of starting its own."""
+        with self._write_lock, self._read_lock:
+            self._reopen_if_changed()
+            for mem in (self._writer, self._reader):
+                if not mem.config.enabled or not mem.scan().records:
+                    return
+                mem.snap.lexical_engine()
+                try:
+                    mem.snap.vectors()
+                except NubosMemoryError:
+                    pass
+            try:
+                self._writer.embedder.embed(["warm up"])
+                self.loads += 1
+            except NubosMemoryError:
+                pass  # answered per request as degraded, as in-process
+
+    def catch_up(self, budget_s: float = CATCH_UP_SLICE_S) -> int:
+        """Embed and commit records that have no vector yet, for at most about ``budget_s`` seconds,
+        if no write is running.  Returns how many are still behind (0: nothing to do)."""
+        if not self._write_lock.acquire(blocking=False):
+            return -1
         try:
-            mem.snap.vectors()
-            mem.embedder.embed(["warm up"])
-        except NubosMemoryError:
-            pass  # answered per request as degraded, as in-process
+            mem = self._writer
+            if not mem.config.enabled:
+                return 0
+            mem.scan()
+            state = mem.vectors.sync(None, cap=mem.config.max_pending_embed, blocking=False, verb="memory-serve",
+                                     budget_s=budget_s)
+            if state.degraded is not None or not state.indexed:
+                return 0  # nothing to do, or nothing could be committed now: try again later
+            return state.behind
+        except (NubosMemoryError, OSError):
+            return 0
+        finally:
+            self._write_lock.release()
+
+
+def catch_up_forever(warm: WarmMemory, stop: threading.Event, idle: float = 0.5) -> None:
+    """A background loop: whenever there is a backlog, work it off a slice at a time."""
+    while not stop.wait(idle):
+        while not stop.is_set() and warm.catch_up() > 0:
+            time.sleep(0.05)  # let a waiting request take the lock between slices

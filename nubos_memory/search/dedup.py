@@ -20,18 +20,19 @@ A duplicate check must never eat information (adr/0009):
 from __future__ import annotations
 
 import hashlib
-import re
 import unicodedata
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..tokenize import tokenize
+from ..types import Record
 
 if TYPE_CHECKING:
     from ..index.lexical import PostingsBM25
-    from ..store.recordlog import LogScan
     from ..index.vectors import VectorIndex
+    from ..store.recordlog import LogScan
 
 _SIGN_BEFORE_DIGIT = "-+.$€£¥"
 
@@ -55,17 +56,17 @@ def normalised_text(text: str) -> str:
     return " ".join(w for w in words if w)
 
 
-def fingerprint(record: dict[str, Any]) -> str:
+def fingerprint(record: Record) -> str:
     """The exact-duplicate fingerprint: type, normalised title and normalised body."""
     basis = "\x1f".join((record["type"], normalised_text(record["title"]), normalised_text(record.get("body") or "")))
     return hashlib.sha256(basis.encode("utf-8")).hexdigest()[:32]
 
 
-def content_terms(record: dict[str, Any]) -> frozenset[str]:
+def content_terms(record: Record) -> frozenset[str]:
     return frozenset(tokenize(f"{record['title']}\n{record.get('body') or ''}"))
 
 
-def find_exact(record: dict[str, Any], scan: "LogScan", lexical: "PostingsBM25", alive: np.ndarray) -> int | None:
+def find_exact(record: Record, scan: "LogScan", lexical: "PostingsBM25", alive: np.ndarray) -> int | None:
     """The position of a live record that is an exact duplicate of ``record``, if any."""
     want = fingerprint(record)
     terms = content_terms(record)
@@ -78,7 +79,7 @@ def find_exact(record: dict[str, Any], scan: "LogScan", lexical: "PostingsBM25",
         candidates = [p for p, r in enumerate(scan.records) if r["type"] == record["type"]]
     for pos in candidates:
         if pos < len(alive) and alive[pos] and fingerprint(scan.records[pos]) == want:
-            return pos
+            return int(pos)
     return None
 
 
@@ -121,8 +122,8 @@ def collapse(ranked: list[Any], vector_of: Callable[[Any], np.ndarray | None], t
     head_group: list[int] = []
     for cand in ranked:
         vec = vector_of(cand)
-        if vec is not None and head_group:
-            sims = heads[: len(head_group)] @ vec  # type: ignore[index]
+        if vec is not None and heads is not None and head_group:
+            sims = heads[: len(head_group)] @ vec
             best = int(np.argmax(sims))
             if sims[best] >= threshold:
                 groups[head_group[best]].append(cand)

@@ -80,11 +80,12 @@ def fuse_rrf(cands: list[Candidate], threshold: float, k: int = RRF_K) -> list[C
     """Reciprocal-rank fusion over the lexical and vector candidate lists."""
     kept = []
     for c in cands:
-        lexical = c.lexical_raw > 0 and c.lexical_rank is not None
-        vector = c.cosine is not None and c.vector_rank is not None
-        if not lexical and (not vector or c.cosine < threshold):
+        lex_rank = c.lexical_rank if c.lexical_raw > 0 else None
+        vec_rank = c.vector_rank if c.cosine is not None else None
+        if lex_rank is None and (vec_rank is None or c.cosine is None or c.cosine < threshold):
             continue
-        c.score = (1.0 / (k + c.lexical_rank) if lexical else 0.0) + (1.0 / (k + c.vector_rank) if vector else 0.0)
-        c.retrieval = "hybrid" if lexical and vector else ("bm25" if lexical else "vector")
+        c.score = (1.0 / (k + lex_rank) if lex_rank is not None else 0.0) + (
+            1.0 / (k + vec_rank) if vec_rank is not None else 0.0)
+        c.retrieval = "hybrid" if lex_rank and vec_rank else ("bm25" if lex_rank else "vector")
         kept.append(c)
     return kept

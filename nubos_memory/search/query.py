@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .dedup import collapse as collapse_near
 from ..errors import EmbeddingError, StoreError
-from .fusion import Candidate, bm25_normaliser, fuse_alpha, fuse_rrf, importance_factor
 from ..tokenize import tokenize
+from .dedup import collapse as collapse_near
+from .fusion import Candidate, bm25_normaliser, fuse_alpha, fuse_rrf, importance_factor
+from .snapshot import Snapshot, VectorState
 
 if TYPE_CHECKING:
-    from ..api.memory import Memory
+    from ..config import MemoryConfig
+    from ..embed.base import Embedder
+    from ..store.recordlog import LogScan
+    from ..types import Hit, QueryResult
 
-MODES = ("hybrid", "lexical", "vector")
+QUERY_EMBED_BUDGET_S = 1.0  # the most a query spends embedding records that have no vector yet
+
+
+class Searchable(Protocol):
+    """What a query needs of a memory (``api.memory.Memory`` provides it)."""
+
+    config: "MemoryConfig"
+    snap: Snapshot
+
+    @property
+    def embedder(self) -> "Embedder": ...
+
+    def scan(self) -> "LogScan": ...
+
+    def sync_vectors(self, allowed: np.ndarray | None, *, budget_s: float | None = None) -> VectorState: ...
 
 
 def _top(positions: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
@@ -25,7 +43,7 @@ def _top(positions: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
     return positions[np.lexsort((positions, -scores))]
 
 
-def _vector_side(mem: "Memory", state: Any, text: str, scope: np.ndarray, allowed: np.ndarray | None,
+def _vector_side(mem: Searchable, state: VectorState, text: str, scope: np.ndarray, allowed: np.ndarray | None,
                  n_cand: int, lex_rank: dict[int, int]) -> tuple[dict[int, float], dict[int, int], int]:
     """The vector candidates' ranks, the exact cosine of every candidate (both sides'), and how many
     records in scope have no vector yet."""
@@ -57,17 +75,9 @@ def _vector_side(mem: "Memory", state: Any, text: str, scope: np.ndarray, allowe
     return cosine, vec_rank, int(len(scope) - len(with_vec) - len(extra))
 
 
-def _vector_of(state: Any, position: int) -> np.ndarray | None:
-    """The vector a query compared for a record, if it has one."""
-    label = state.labels[position] if position < len(state.labels) else -1
-    if label >= 0 and state.index is not None:
-        return state.index.vectors[label]
-    return state.extra.get(position)
-
-
-def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str | None, tags: list[str],
+def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: str | None, tags: list[str],
               alpha: float, fusion: str, explain: bool, mode: str = "hybrid", collapse: bool = True
-              ) -> dict[str, Any]:
+              ) -> "QueryResult":
     """Answer one query; never fails because of the vector layer (it reports ``degraded``).
 
     ``mode`` "lexical" or "vector" ranks by one signal only (used by memory-eval).  With
@@ -78,7 +88,7 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
     cfg = mem.config
     scan = mem.scan()
     records = scan.records
-    out: dict[str, Any] = {
+    out: QueryResult = {
         "hits": [],
         "degraded": None,
         "query": {"text": text, "k": k, "fusion": fusion, "alpha": alpha, "threshold": cfg.threshold,
@@ -107,14 +117,14 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
     divisor = bm25_normaliser(best, lexical.self_score(terms))
     lex_rank: dict[int, int] = {}
     if mode != "vector":
-        hit = scope[raw[scope] > 0]
-        lex_rank = {int(p): i + 1 for i, p in enumerate(_top(hit, raw[hit], n_cand))}
+        matching = scope[raw[scope] > 0]
+        lex_rank = {int(p): i + 1 for i, p in enumerate(_top(matching, raw[matching], n_cand))}
 
     cosine: dict[int, float] = {}
     vec_rank: dict[int, int] = {}
     state = None
     if mode != "lexical":
-        state = mem._sync_vectors(allowed, cap=cfg.max_pending_embed, blocking=False, verb="memory-query")
+        state = mem.sync_vectors(allowed, budget_s=QUERY_EMBED_BUDGET_S)
         degraded = state.degraded
         if degraded is None:
             try:
@@ -130,9 +140,10 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
                                    "queries index them in batches, or run memory-rebuild now",
                     })
         if degraded is not None:
-            out["degraded"] = {"code": degraded["code"], "message": degraded["message"]}
+            shown = {"code": degraded["code"], "message": degraded["message"]}
             if degraded.get("details"):
-                out["degraded"]["details"] = degraded["details"]
+                shown["details"] = degraded["details"]
+            out["degraded"] = shown
     cand_pos = sorted(set(lex_rank) | set(vec_rank))
 
     cands = [
@@ -142,9 +153,11 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
     ]
     out["counts"]["candidates"] = len(cands)
     if mode == "vector":
-        kept = [c for c in cands if c.cosine is not None]
-        for c in kept:
-            c.score, c.retrieval = c.cosine, "vector"  # type: ignore[assignment]
+        kept = []
+        for c in cands:
+            if c.cosine is not None:
+                c.score, c.retrieval = c.cosine, "vector"
+                kept.append(c)
     elif mode == "lexical":
         kept = [c for c in cands if c.lexical_raw > 0]
         for c in kept:
@@ -159,14 +172,13 @@ def run_query(mem: "Memory", text: str, *, k: int, type: str | None, phase: str 
     kept.sort(key=lambda c: (-c.score, c.position))
     threshold = cfg.near_duplicate
     if collapse and threshold is not None and state is not None and state.degraded is None:
-        groups = collapse_near(kept, lambda c: _vector_of(state, c.position), threshold)
+        groups = collapse_near(kept, lambda c: state.vector_of(c.position), threshold)
     else:
         groups = [[c] for c in kept]
     for group in groups[:k]:
         c = max(group, key=lambda g: g.position)  # the newest of near duplicates is shown
         rec = records[c.position]
-        hit: dict[str, Any] = {"id": rec["id"], "score": round(group[0].score, 6), "retrieval": c.retrieval,
-                               "record": rec}
+        hit: Hit = {"id": rec["id"], "score": round(group[0].score, 6), "retrieval": c.retrieval, "record": rec}
         if len(group) > 1:
             hit["collapsed"] = {"count": len(group) - 1,
                                 "ids": [records[g.position]["id"] for g in group if g is not c]}

@@ -8,33 +8,60 @@ vector generation when ``manifest.json`` names a new one.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..store.cache import DerivedCache
-from ..store.lexcache import LexicalCache
 from ..index.lexical import PostingsBM25
-from ..store.recordlog import LogScan, RecordLog
+from ..index.vectors import VectorIndex
 from ..records import content_hash, embed_text, lexical_text
 from ..tokenize import tokenize
-from ..index.vectors import VectorIndex
+
+if TYPE_CHECKING:
+    from ..store.base import Store
+    from ..store.recordlog import LogScan
+    from ..types import Manifest, Record
 
 LEXICAL_SAVE_MIN = 64
+
+
+@dataclass
+class VectorState:
+    """The vector layer as one operation sees it, by record position in the log."""
+
+    index: VectorIndex | None = None
+    manifest: "Manifest | None" = None
+    labels: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # position -> label, -1: none
+    extra: dict[int, np.ndarray] = field(default_factory=dict)  # position -> vector embedded, not persisted
+    degraded: dict[str, Any] | None = None
+    indexed: int = 0
+    embedded: int = 0
+    behind: int = 0  # records that still have no vector after this operation's catching up
+
+    def vector_of(self, position: int) -> np.ndarray | None:
+        """The vector this operation has for a record, if any."""
+        label = int(self.labels[position]) if position < len(self.labels) else -1
+        if label >= 0 and self.index is not None:
+            return np.asarray(self.index.vectors[label])
+        return self.extra.get(position)
 
 
 class Snapshot:
     """Per-record derived data aligned with ``scan.records`` positions."""
 
-    def __init__(self, log: RecordLog, cache: DerivedCache, lexcache: LexicalCache):
-        self.log = log
-        self.cache = cache
-        self.lexcache = lexcache
+    def __init__(self, store: "Store"):
+        self.store = store
         self.scan: LogScan | None = None
         self._reset()
         self._vec_key: Any = None
-        self.manifest: dict[str, Any] | None = None
+        self.manifest: Manifest | None = None
         self.index: VectorIndex | None = None
+
+    @property
+    def records(self) -> "list[Record]":
+        """Every record line read so far, by position (dead ones too)."""
+        return self.scan.records if self.scan is not None else []
 
     def _reset(self) -> None:
         self.hashes: list[str] = []
@@ -52,7 +79,7 @@ class Snapshot:
 
     def refresh(self) -> LogScan:
         """Re-read what changed in ``records.jsonl`` and extend per-record data."""
-        scan = self.log.refresh(self.scan)
+        scan = self.store.refresh(self.scan)
         if scan is not self.scan:
             self._reset()
             self._vec_key = None
@@ -84,7 +111,7 @@ class Snapshot:
         scan = self.scan
         assert scan is not None
         if self.lexical is None:
-            loaded = self.lexcache.load(len(scan.records))
+            loaded = self.store.load_lexical(len(scan.records))
             self.lexical, self.lexical_saved = (loaded[0], loaded[0].size) if loaded else (PostingsBM25(), 0)
             self.lexical_saved_deaths = len(self.lexical.removed)
             self._lex_deaths = 0
@@ -107,10 +134,12 @@ class Snapshot:
         pay a few ms at most, and one write in a hundred pays for the save.
         """
         engine = self.lexical_engine()
-        n = len(self.scan.records) if self.scan is not None else 0
+        scan = self.scan
+        n = len(scan.records) if scan is not None else 0
         uncovered = (n - self.lexical_saved) + (len(engine.removed) - self.lexical_saved_deaths)
-        if engine.size == n and uncovered > 0 and (force or uncovered >= max(LEXICAL_SAVE_MIN, n // 100)):
-            self.lexcache.save(engine, self.scan.offset)  # type: ignore[union-attr]
+        if scan is not None and engine.size == n and uncovered > 0 and (
+                force or uncovered >= max(LEXICAL_SAVE_MIN, n // 100)):
+            self.store.save_lexical(engine, scan.offset)
             self.lexical_saved, self.lexical_saved_deaths = n, len(engine.removed)
 
     # -- filters -------------------------------------------------------------------
@@ -132,15 +161,15 @@ class Snapshot:
         return np.flatnonzero(mask)
 
     # -- vectors -------------------------------------------------------------------
-    def vectors(self) -> tuple[dict[str, Any] | None, VectorIndex | None, np.ndarray]:
+    def vectors(self) -> "tuple[Manifest | None, VectorIndex | None, np.ndarray]":
         """The current vector generation and each record's label in it (-1: no vector).
 
         Raises the StoreError of a damaged derived file.
         """
-        manifest = self.cache.read_manifest()
+        manifest = self.store.read_manifest()
         key = None if manifest is None else manifest.get("generation")
         if key != self._vec_key or (manifest is not None and self.index is None):
-            parent, self.manifest, self.index = self._vec_key, *self.cache.load_current()
+            parent, self.manifest, self.index = self._vec_key, *self.store.load_current()
             self._vec_key = None if self.manifest is None else self.manifest.get("generation")
             if parent is not None and (self.manifest or {}).get("appended_to") == parent:
                 self._map(np.flatnonzero(self.labels < 0))  # an append kept every mapped row
@@ -155,6 +184,12 @@ class Snapshot:
             self._inverse = None
         return self.manifest, self.index, self.labels
 
+    def reset_lexical(self) -> None:
+        """Forget the lexical index, here and persisted: the next use rebuilds it from the log."""
+        self.lexical = None
+        self.lexical_saved = 0
+        self.store.invalidate_lexical()
+
     def positions_of(self, labels: np.ndarray) -> np.ndarray:
         """The record position of each label of the current generation (-1: none)."""
         if self._inverse is None:
@@ -163,7 +198,7 @@ class Snapshot:
             mapped = np.flatnonzero(self.labels >= 0)
             inverse[self.labels[mapped]] = mapped  # a revived id's later (live) position wins
             self._inverse = inverse
-        return self._inverse[labels]
+        return np.asarray(self._inverse[labels])
 
     def _map(self, positions: Any) -> None:
         """Set each position's label in the current generation (-1: no vector for its text)."""

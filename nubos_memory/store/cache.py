@@ -25,7 +25,7 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numpy.lib import format as npformat
@@ -33,9 +33,10 @@ from numpy.lib import format as npformat
 from ..errors import StoreError
 from ..faults import crash_point
 from ..fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, fsync_dir, fsync_path, loads, read_regular
+from ..index.vectors import EXACT_LIMIT, HnswParams, VectorIndex, build_hnsw, load_hnsw
 from ..records import SCHEMA_VERSION, now_iso
 from ..trust import file_sha256, sign, verify
-from ..index.vectors import EXACT_LIMIT, HnswParams, VectorIndex, build_hnsw, load_hnsw
+from ..types import Manifest
 
 MANIFEST = "manifest.json"
 CACHE_FORMAT = 1
@@ -69,23 +70,26 @@ def _write_vectors(path: Path, vectors: np.ndarray, base: VectorIndex | None) ->
 
         def write(self, data: Any) -> int:
             digest.update(data)
-            return self.f.write(data)
+            return int(self.f.write(data))
 
     with _create(path) as raw:
         f = Hashing(raw)
         if base is None:
-            np.save(f, vectors, allow_pickle=False)  # type: ignore[arg-type]
+            np.save(f, vectors, allow_pickle=False)
             return digest.hexdigest()
+        source = base.vectors_path
+        if source is None:
+            raise StoreError("the current vectors have no file to extend; run memory-rebuild", code="vectors-corrupt")
         shape = (len(base) + len(vectors), base.dim)
         npformat.write_array_header_1_0(f, {"descr": npformat.dtype_to_descr(np.dtype(np.float32)),
                                             "fortran_order": False, "shape": shape})
-        with open(base.vectors_path, "rb") as src:  # type: ignore[arg-type]
+        with open(source, "rb") as src:
             version = npformat.read_magic(src)
             read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
             src_shape, fortran, dtype = read_header(src)
             if src_shape != (len(base), base.dim) or fortran or dtype != np.float32:
                 raise StoreError("stored vectors changed under the writer; run memory-rebuild",
-                                 code="vectors-corrupt", details={"file": base.vectors_path.name})  # type: ignore[union-attr]
+                                 code="vectors-corrupt", details={"file": source.name})
             shutil.copyfileobj(src, f, 1 << 20)
         f.write(np.ascontiguousarray(vectors, dtype=np.float32).tobytes())
     return digest.hexdigest()
@@ -107,7 +111,7 @@ class DerivedCache:
         return self.folder / MANIFEST
 
     # -- reading -----------------------------------------------------------------
-    def read_manifest(self) -> dict[str, Any] | None:
+    def read_manifest(self) -> Manifest | None:
         """The manifest, ``None`` if absent; a corrupt one raises ``manifest-corrupt``, one this
         user's key did not sign ``manifest-untrusted``."""
         try:
@@ -116,7 +120,7 @@ class DerivedCache:
             return None
         except OSError as exc:
             raise StoreError(f"cannot read manifest: {exc.strerror}", code="manifest-corrupt",
-                             details={"path": str(self.manifest_path)})
+                             details={"path": str(self.manifest_path)}) from None
         try:
             doc = loads(raw)
             ok = (
@@ -144,16 +148,16 @@ class DerivedCache:
                 "an older version); its derived files are not used. Run memory-rebuild to re-derive them.",
                 code="manifest-untrusted", details={"path": str(self.manifest_path)})
         doc["_verified"] = trusted is True
-        return doc
+        return cast(Manifest, doc)
 
-    def load(self, manifest: dict[str, Any]) -> VectorIndex:
+    def load(self, manifest: Manifest) -> VectorIndex:
         """Load the generation a manifest names, checking it against the manifest."""
         count = manifest["covers"]["count"]
         dim = manifest["embedding"].get("dim")
         ef = int(manifest.get("hnsw", {}).get("ef_search", 100))
         if count == 0:
             return VectorIndex([], [], np.zeros((0, dim or 1), dtype=np.float32), None, ef)
-        files = manifest["files"]
+        files = manifest.get("files") or {}
         paths = {k: self.folder / str(v.get("name", "")) for k, v in files.items() if isinstance(v, dict)}
         for key in ("index", "keymap", "vectors"):
             path = paths.get(key)
@@ -179,7 +183,7 @@ class DerivedCache:
                 raise ValueError("length")
         except (OSError, ValueError, KeyError, TypeError):
             raise StoreError("keymap is corrupt; run memory-rebuild", code="keymap-corrupt",
-                             details={"file": paths["keymap"].name})
+                             details={"file": paths["keymap"].name}) from None
         try:
             if not ours and file_sha256(paths["vectors"]) != files["vectors"].get("sha256"):
                 raise ValueError("checksum")
@@ -188,21 +192,21 @@ class DerivedCache:
                 raise ValueError("shape")
         except (OSError, ValueError):
             raise StoreError("stored vectors are corrupt; run memory-rebuild", code="vectors-corrupt",
-                             details={"file": paths["vectors"].name})
+                             details={"file": paths["vectors"].name}) from None
         # The graph is fed to hnswlib, which trusts its input: only a verified manifest's, and only
         # after its own checksum matches (checked here when it will be searched, else on first use).
         graph = paths["index"] if manifest.get("_verified") else None
         index = VectorIndex(ids, hashes, vectors, graph, ef, vectors_path=paths["vectors"],
                             hnsw_sha256=files["index"].get("sha256"))
         if ours:
-            index._graph_verified = True
+            index.trust_graph()
         elif graph is not None and count > EXACT_LIMIT:
             index.verify_graph()
         return index
 
-    def load_current(self, attempts: int = 5) -> tuple[dict[str, Any] | None, VectorIndex | None]:
+    def load_current(self, attempts: int = 5) -> tuple[Manifest | None, VectorIndex | None]:
         """Manifest and its generation, retrying if a writer swapped them mid-read."""
-        for attempt in range(attempts):
+        for _ in range(attempts):
             manifest = self.read_manifest()
             if manifest is None:
                 return None, None
@@ -225,10 +229,10 @@ class DerivedCache:
         embedding: dict[str, Any],
         params: HnswParams,
         alpha: float,
-        previous: dict[str, Any] | None,
+        previous: Manifest | None,
         base: VectorIndex | None = None,
         rebuilt: bool = False,
-    ) -> dict[str, Any]:
+    ) -> Manifest:
         """Write a new generation and swap the manifest in; return the new manifest.
 
         With ``base`` (the current generation), ``vectors`` are only the rows
@@ -275,7 +279,7 @@ class DerivedCache:
                 fsync_dir(self.folder)
                 crash_point("commit-files-written")
             now = now_iso()
-            manifest = {
+            doc: dict[str, Any] = {
                 "format": CACHE_FORMAT,
                 "schema_version": SCHEMA_VERSION,
                 "generation": gen,
@@ -291,7 +295,7 @@ class DerivedCache:
                 "rebuilt_at": now if rebuilt else (previous or {}).get("rebuilt_at"),
                 "updated_at": now,
             }
-            manifest = sign(manifest)
+            manifest = cast(Manifest, sign(doc))
             atomic_write_bytes(self.manifest_path, dumps(manifest, pretty=True))
             self.written = gen
         except BaseException:

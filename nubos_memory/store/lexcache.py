@@ -13,11 +13,12 @@ import io
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from ..fsio import atomic_write_bytes, dumps, loads, read_regular
 from ..faults import crash_point
+from ..fsio import atomic_write_bytes, dumps, loads, read_regular
 from ..index.lexical import PostingsBM25
 from ..tokenize import TOKENIZER_VERSION
 from ..trust import file_sha256, sign, verify
@@ -65,7 +66,8 @@ class LexicalCache:
         """Under the write lock: persist ``engine``, which covers the log up to ``offset``."""
         terms, arrays = engine.arrays()
         buf = io.BytesIO()
-        np.savez(buf, vocab=np.frombuffer("\n".join(terms).encode("utf-8"), dtype=np.uint8), **arrays)
+        named: dict[str, Any] = {"vocab": np.frombuffer("\n".join(terms).encode("utf-8"), dtype=np.uint8), **arrays}
+        np.savez(buf, **named)
         name = f"lexical-{int(time.time() * 1000):x}-{secrets.token_hex(3)}.npz"
         atomic_write_bytes(self.folder / name, buf.getvalue())
         crash_point("lexical-npz-written")

@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import LockTimeout
 from ..fsio import FILE_MODE, atomic_write_bytes, dumps, loads, read_regular

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,9 @@ from typing import Any
 from ..errors import StoreError
 from ..faults import armed, crash_point
 from ..fsio import FILE_MODE, JSONDecodeError, dumps, fsync_dir, loads
-from ..records import MAX_REASON, OPTIONAL_FIELDS, PROVENANCES, check_record, now_iso, valid_importance
+from ..limits import MAX_REASON
+from ..records import now_iso, read_record
+from ..types import Record
 
 MAX_LINE = 1 << 20  # bytes; a longer line is reported, never parsed
 MAX_GROUP = 1_000_000
@@ -72,7 +75,7 @@ GROUP_OPS = ("group", "commit", "rollback")
 class LogScan:
     """What reading ``records.jsonl`` found; :meth:`RecordLog.refresh` extends it as the file grows."""
 
-    records: list[dict[str, Any]] = field(default_factory=list)  # every accepted record line, dead ones too
+    records: list[Record] = field(default_factory=list)  # every accepted record line, dead ones too
     corrupt: list[dict[str, Any]] = field(default_factory=list)
     duplicates: list[dict[str, Any]] = field(default_factory=list)
     damaged_groups: list[dict[str, Any]] = field(default_factory=list)  # applied line by line, see docstring
@@ -138,44 +141,6 @@ class LogScan:
         return out
 
 
-_BASE = frozenset(("id", "type", "phase", "title", "body", "tags", "provenance", "created_at"))
-_ALL = _BASE | frozenset(OPTIONAL_FIELDS)
-_PROVENANCES = frozenset((None, *PROVENANCES))
-
-
-def _trusted(obj: Any) -> bool:
-    """Cheap check that a line is a record as this package writes it (the common case)."""
-    if type(obj) is not dict:
-        return False
-    keys = obj.keys()
-    if keys != _BASE and not (_BASE <= keys <= _ALL):
-        return False
-    ok = (
-        type(obj["id"]) is str and obj["id"] != ""
-        and type(obj["type"]) is str
-        and type(obj["title"]) is str and obj["title"] != ""
-        and type(obj["body"]) is str
-        and type(obj["tags"]) is list and all(type(t) is str for t in obj["tags"])
-        and (obj["phase"] is None or type(obj["phase"]) is str)
-        and obj["provenance"] in _PROVENANCES
-        and (obj["created_at"] is None or type(obj["created_at"]) is str)
-    )
-    if ok and len(obj) > len(_BASE):
-        for key in keys - _BASE:
-            value = obj[key]
-            if value is None:
-                continue
-            if key == "chunk_index":
-                ok = type(value) is int and value >= 0
-            elif key == "importance":
-                ok = valid_importance(value)
-            else:  # source_file, heading, supersedes
-                ok = type(value) is str and value != ""
-            if not ok:
-                return False
-    return ok
-
-
 def _excerpt(raw: bytes) -> str:
     return raw[:EXCERPT].decode("utf-8", "replace")
 
@@ -212,9 +177,7 @@ def _classify(raw: bytes) -> tuple[str, Any, str | None]:
                 return "forget", obj, None
             return "corrupt", None, "forget: id must be a non-empty string"
         return "corrupt", None, f"unknown op {str(op)[:40]!r}"
-    if _trusted(obj):
-        return "record", obj, None
-    rec, err = check_record(obj, None)
+    rec, err = read_record(obj)
     if err is not None:
         return "corrupt", None, f"{err['code']}: {err['message']}"
     return "record", rec, None
@@ -258,7 +221,7 @@ class RecordLog:
             return LogScan(generation=(scan.generation + 1) if scan and scan.records else 0)
         except OSError as exc:
             raise StoreError(f"cannot read {self.path.name}: {exc.strerror}", code="records-unreadable",
-                             details={"path": str(self.path)})
+                             details={"path": str(self.path)}) from None
         try:
             st = os.fstat(fd)
             with os.fdopen(fd, "rb", closefd=False) as f:
@@ -378,7 +341,7 @@ class RecordLog:
                         number, raw)
 
     @staticmethod
-    def _record(scan: LogScan, rec: dict[str, Any], number: int) -> None:
+    def _record(scan: LogScan, rec: Record, number: int) -> None:
         rid = rec["id"]
         first = scan.position.get(rid)
         if first is not None and first not in scan.dead:
@@ -399,8 +362,9 @@ class RecordLog:
     def _forget(scan: LogScan, op: dict[str, Any], number: int) -> None:
         target = scan.live(op["id"])
         if target is not None:
-            reason = op.get("reason") if isinstance(op.get("reason"), str) else "forgotten"
-            scan.dead[target] = {"line": number, "reason": reason[:MAX_REASON], "at": op.get("at")}
+            reason = op.get("reason")
+            why = reason[:MAX_REASON] if isinstance(reason, str) else "forgotten"
+            scan.dead[target] = {"line": number, "reason": why, "at": op.get("at")}
             scan.deaths.append(target)
 
     def recover_tail(self, scan: LogScan) -> dict[str, Any] | None:
@@ -464,7 +428,7 @@ class RecordLog:
             f.flush()
             os.fsync(f.fileno())
 
-    def append(self, records: list[dict[str, Any]], ops: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
+    def append(self, records: Sequence[Record], ops: Sequence[dict[str, Any]] = ()) -> None:
         """Append records and operations as one durable change (fsynced before returning).
 
         More than one line is written as a group (header, lines, commit), so

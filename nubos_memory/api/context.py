@@ -1,6 +1,6 @@
 """Query results as prompt context: token estimates, budgets, a markdown block.
 
-* ``estimate_tokens``: ``ceil(characters / 4)``, the usual rule of thumb for
+* token estimates (``tokenize.estimate_tokens``): ``ceil(characters / 4)``, the usual rule of thumb for
   English text and code with GPT/Claude-style tokenizers; no tokenizer is
   loaded for it.
 * ``fit_budget``: the best hits, in rank order, whose rendered blocks fit the
@@ -13,20 +13,18 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from ..tokenize import estimate_tokens
+from ..types import Hit, Record
 
-def estimate_tokens(text: str) -> int:
-    return math.ceil(len(text) / 4)
 
-
-def provenance_label(record: dict[str, Any]) -> str:
+def provenance_label(record: Record) -> str:
     prov = record.get("provenance")
     return f"[CACHED:{prov}]" if prov else "[CACHED]"
 
 
-def render_hit(rank: int, hit: dict[str, Any]) -> str:
+def render_hit(rank: int, hit: Hit) -> str:
     """One hit as a markdown section."""
     rec = hit["record"]
     source = rec.get("source_file")
@@ -44,9 +42,11 @@ def render_hit(rank: int, hit: dict[str, Any]) -> str:
     return f"### {rank}. {rec['title']} {provenance_label(rec)}\n{' · '.join(facts)}\n" + (f"\n{body}\n" if body else "")
 
 
-def fit_budget(hits: list[dict[str, Any]], max_tokens: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def fit_budget(hits: list[Hit], max_tokens: int) -> tuple[list[Hit], dict[str, Any]]:
     """Keep the hits that fit ``max_tokens`` (see module docstring); return them and a report."""
-    kept, skipped, used = [], [], 0
+    kept: list[Hit] = []
+    skipped: list[dict[str, Any]] = []
+    used = 0
     for hit in hits:
         cost = estimate_tokens(render_hit(len(kept) + 1, hit))
         if used + cost <= max_tokens:

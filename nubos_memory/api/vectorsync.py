@@ -1,0 +1,205 @@
+"""Keeping the vector layer in step with the log: embed what lacks a vector, commit it.
+
+A record is written to the log first; its vector follows (the write embeds
+it, else the next query or write does, else ``memory-rebuild``).  ``sync``
+loads the current vector generation, finds the live records that have no
+vector for their current text, embeds them (reusing vectors of the same text,
+and vectors a caller already computed), and commits them as a new generation
+under the write lock.  Failures come back as ``degraded``, never as
+exceptions: the records are already safe in the log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from ..embed.base import fingerprint_of
+from ..errors import EmbeddingError, RebuildRequired, StoreError
+from ..index.vectors import HnswParams
+from ..records import embed_text
+from ..search.snapshot import Snapshot, VectorState
+
+if TYPE_CHECKING:
+    from ..config import MemoryConfig
+    from ..embed.base import Embedder
+    from ..store.base import Store
+    from ..types import Embedding, Manifest
+
+EMBED_BATCH = 256
+BUDGET_CHUNK = 32  # texts embedded between two looks at the clock, when a call has a time budget
+SPEC_SHOWN = ("provider", "model", "files", "dim", "template", "pooling")
+
+Progress = Callable[[int, int], None]
+
+
+class VectorSync:
+    """The vector side of one memory (see module docstring)."""
+
+    def __init__(self, snap: Snapshot, store: "Store", embedder: Callable[[], "Embedder"], config: "MemoryConfig"):
+        self.snap = snap
+        self.store = store
+        self._embedder = embedder
+        self.config = config
+        self.params = HnswParams(config.hnsw_m, config.hnsw_ef_construction, config.hnsw_ef_search)
+
+    @property
+    def embedder(self) -> "Embedder":
+        return self._embedder()
+
+    def mismatch(self, manifest: "Manifest", dim: int | None) -> RebuildRequired | None:
+        """A RebuildRequired if the manifest's vectors are not comparable with ours."""
+        stored: dict[str, Any] = dict(manifest.get("embedding") or {})
+        ours: dict[str, Any] = dict(self.embedder.spec(dim))
+        if dim is None and ours["dim"] is None:
+            ours["dim"] = stored.get("dim")  # dimension unknown until the model loads
+        if fingerprint_of(ours) == stored.get("fingerprint"):
+            return None
+        return RebuildRequired(
+            "the index was built with another embedding model or settings; vectors of the two are never "
+            "mixed. Run memory-rebuild.",
+            details={"index": {k: stored.get(k) for k in (*SPEC_SHOWN, "fingerprint")},
+                     "config": {**{k: ours.get(k) for k in SPEC_SHOWN}, "fingerprint": fingerprint_of(ours)}},
+        )
+
+    def our_embedding(self) -> "Embedding":
+        spec: dict[str, Any] = dict(self.embedder.spec(self.embedder.dim))
+        spec["fingerprint"] = fingerprint_of(spec)
+        return cast("Embedding", spec)
+
+    def embed(self, texts: list[str], progress: Progress | None = None) -> np.ndarray:
+        """Embed in chunks (for progress), longest texts first: the model pads each batch to its
+        longest text, so chunks of similar lengths waste less than chunks in arrival order."""
+        out = np.zeros((len(texts), self.embedder.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        for start in range(0, len(texts), EMBED_BATCH):
+            chunk = order[start: start + EMBED_BATCH]
+            out[chunk] = self.embedder.embed([texts[i] for i in chunk])
+            if progress:
+                progress(min(start + EMBED_BATCH, len(texts)), len(texts))
+        return out
+
+    def sync(self, positions: np.ndarray | None = None, *, must: Iterable[int] = (), cap: int, blocking: bool,
+             verb: str, precomputed: dict[int, np.ndarray] | None = None, budget_s: float | None = None
+             ) -> VectorState:
+        """Load the vector layer and embed+index the live records (``positions``; None = all) it lacks.
+
+        ``must`` positions are always embedded (the records a write just
+        added); other missing records up to ``cap``, and for at most
+        ``budget_s`` seconds of embedding (a query must not wait for a
+        backlog: what is left is ranked lexically and reported as behind).
+        ``precomputed`` vectors and vectors of the same text already in the
+        index are reused, never re-embedded.  ``blocking``: wait for the lock
+        to commit (a write), or commit only if it is free (a query).
+        """
+        state = VectorState()
+        snap = self.snap
+        try:
+            state.manifest, state.index, state.labels = snap.vectors()
+            if state.manifest is not None:
+                err = self.mismatch(state.manifest, None)
+                if err:
+                    raise err
+            labels = state.labels
+            cand = np.arange(len(labels)) if positions is None else np.asarray(positions, dtype=np.int64)
+            missing = cand[(labels[cand] < 0) & snap.alive[cand]].tolist() if len(cand) else []
+            wanted = set(must)
+            todo = [p for p in missing if p in wanted] + [p for p in missing if p not in wanted][:cap]
+            if todo:
+                known = dict(precomputed or {})
+                if state.index is not None:  # the same text already embedded (another id, an earlier life)
+                    for p in todo:
+                        label = state.index.label_of_hash(snap.hashes[p])
+                        if p not in known and label is not None:
+                            known[p] = np.asarray(state.index.vectors[label])
+                fresh = [p for p in todo if p not in known]
+                if fresh:
+                    fresh = self._embed_fresh(fresh, wanted, known, budget_s)
+                    if state.manifest is not None:
+                        err = self.mismatch(state.manifest, self.embedder.dim)
+                        if err:
+                            raise err
+                state.embedded = len(fresh)
+                state.extra = {p: known[p] for p in todo if p in known}
+                self._persist(state, [p for p in todo if p in known], blocking=blocking, verb=verb)
+            if len(cand):
+                still = cand[(state.labels[cand] < 0) & snap.alive[cand]].tolist()
+                state.behind = sum(1 for p in still if p not in state.extra)
+        except (StoreError, EmbeddingError, RebuildRequired) as exc:
+            state.degraded = exc.to_dict()
+        except OSError as exc:  # disk full, permissions: the records are safe, the index is behind
+            state.degraded = StoreError(
+                f"could not write the derived index: {exc.strerror or exc}; records are saved and will be "
+                "indexed by the next write, query or memory-rebuild", code="index-write-failed").to_dict()
+        return state
+
+    def _embed_fresh(self, fresh: list[int], wanted: set[int], known: dict[int, np.ndarray],
+                     budget_s: float | None) -> list[int]:
+        """Embed ``fresh`` positions into ``known``; with a budget, stop when it is spent (those a
+        write must index are always embedded).  Returns the positions embedded."""
+        records = self.snap.records
+        if budget_s is None:
+            known.update(zip(fresh, self.embed([embed_text(records[p]) for p in fresh])))
+            return fresh
+        done: list[int] = []
+        required = [p for p in fresh if p in wanted]
+        optional = [p for p in fresh if p not in wanted]
+        if required:
+            known.update(zip(required, self.embed([embed_text(records[p]) for p in required])))
+            done += required
+        start = time.monotonic()
+        for i in range(0, len(optional), BUDGET_CHUNK):
+            if time.monotonic() - start >= budget_s:
+                break
+            chunk = optional[i: i + BUDGET_CHUNK]
+            known.update(zip(chunk, self.embed([embed_text(records[p]) for p in chunk])))
+            done += chunk
+        return done
+
+    def _persist(self, state: VectorState, todo: list[int], *, blocking: bool, verb: str) -> None:
+        """Commit newly embedded vectors as a new generation (under the lock)."""
+        snap = self.snap
+        hold = self.store.lock(verb) if blocking else self.store.try_lock(verb)
+        with hold as got:
+            if got is False:
+                return  # another writer is busy; this query uses its vectors in memory only
+            manifest, current, _ = snap.vectors()  # the generation as it is now, under the lock
+            if manifest is not None:
+                err = self.mismatch(manifest, self.embedder.dim)
+                if err:
+                    raise err
+            records = snap.records
+            ids = list(current.ids) if current else []
+            hashes = list(current.hashes) if current else []
+            label_of = current.label_of if current else {}
+            replaced: dict[int, np.ndarray] = {}
+            new_ids, new_hashes, new_vecs = [], [], []
+            for pos in todo:
+                rid, h = records[pos]["id"], snap.hashes[pos]
+                label = label_of.get(rid)
+                if label is None:
+                    new_ids.append(rid)
+                    new_hashes.append(h)
+                    new_vecs.append(state.extra[pos])
+                elif hashes[label] != h:  # the record's text changed (a hand edit): replace its vector
+                    hashes[label] = h
+                    replaced[label] = state.extra[pos]
+            if new_ids or replaced:
+                appended = np.stack(new_vecs) if new_vecs else np.zeros((0, self.embedder.dim), dtype=np.float32)
+                if replaced and current is not None:  # rare: every row is written and the graph built afresh
+                    rows = np.array(current.vectors, dtype=np.float32)
+                    rows[list(replaced)] = np.stack(list(replaced.values()))
+                    vectors, base = np.concatenate([rows, appended]), None
+                else:  # the common case: the current generation's rows are kept, the new ones appended
+                    vectors, base = appended, current
+                self.store.commit(
+                    ids=ids + new_ids, hashes=hashes + new_hashes, vectors=vectors,
+                    embedding=dict(self.our_embedding()), params=self.params, alpha=self.config.alpha,
+                    previous=manifest, base=base,
+                )
+                state.indexed = len(new_ids)
+            state.manifest, state.index, state.labels = snap.vectors()
+            state.extra = {p: v for p, v in state.extra.items() if state.labels[p] < 0}

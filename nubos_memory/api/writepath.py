@@ -1,0 +1,199 @@
+"""The one write path: every change to a memory goes through :meth:`WritePath.apply`.
+
+Adding records, forgetting, superseding, pruning and re-ingesting are all one
+operation: decide what is new, append records and tombstones as one change,
+index.  Cheap decisions (existing id, exact duplicate) are made first, so a
+re-logged record embeds nothing; the rest is embedded outside the lock (to be
+indexed, and to report near duplicates); then, under the lock, every decision
+is re-checked against the log as it is now and the change is appended and
+made durable before any derived state changes (adr/0004, adr/0008).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import EmbeddingError, InputError, RebuildRequired, StoreError
+from ..faults import crash_point
+from ..records import embed_text
+from ..search.dedup import find_exact, fingerprint, nearest, within_batch
+from ..store.recordlog import LogScan, forget_op
+
+if TYPE_CHECKING:
+    from ..config import MemoryConfig
+    from ..search.snapshot import Snapshot
+    from ..store.base import Store
+    from ..types import Record, WriteResult
+    from .vectorsync import VectorSync
+
+
+def settled_scan(snap: "Snapshot", store: "Store") -> tuple[LogScan, dict[str, Any] | None]:
+    """Under the lock: the log as it is now, after settling what a crashed writer left."""
+    scan = snap.refresh()
+    recovered = store.settle(scan)
+    return (snap.refresh() if recovered else scan), recovered
+
+
+def save_lexical(snap: "Snapshot", force: bool = False) -> None:
+    """Under the lock: persist the lexical index when due; a failure only costs speed."""
+    try:
+        snap.save_lexical(force)
+    except OSError:
+        pass
+
+
+class WritePath:
+    """Writes of one memory (see module docstring)."""
+
+    def __init__(self, snap: "Snapshot", store: "Store", vectors: "VectorSync", config: "MemoryConfig"):
+        self.snap = snap
+        self.store = store
+        self.vectors = vectors
+        self.config = config
+
+    def apply(self, records: "Sequence[Record]" = (), *, forget: Sequence[str] = (), reason: str = "forgotten",
+              reasons: dict[str, str] | None = None, force: bool = False, verb: str = "memory-index"
+              ) -> "WriteResult":
+        """Append ``records`` (validated) and retire ``forget`` ids in one change, then index.
+
+        Records whose id is live are skipped; exact duplicates of live records are
+        reported as ``duplicates`` and not stored unless ``force``; near duplicates
+        are stored and reported.  ``reasons`` gives a tombstone reason per id.
+        """
+        records = list(records)
+        self.store.prepare()
+        snap = self.snap
+        scan = snap.refresh()  # an unfinished tail is settled under the lock below, and reported
+        checked = (scan.generation, len(scan.records), len(scan.deaths))  # the log the decisions saw
+        dupes = self._exact_duplicates(records, scan) if records and not force else {}
+        todo = [i for i, r in enumerate(records) if i not in dupes and scan.live(r["id"]) is None]
+        vectors, near, degraded = self._embed_ahead(records, todo, scan)
+
+        with self.store.lock(verb):
+            scan, recovered = settled_scan(snap, self.store)
+            before = len(scan.records)
+            new: list[Record] = []
+            new_index: list[int] = []
+            skipped: list[str] = []
+            batch_ids: set[str] = set()
+            moved = (scan.generation, len(scan.records), len(scan.deaths)) != checked
+            lexical = snap.lexical_engine() if moved and records and not force and scan.live_count else None
+            for i, r in enumerate(records):
+                if scan.live(r["id"]) is not None or r["id"] in batch_ids:
+                    skipped.append(r["id"])
+                    continue
+                if i in dupes:
+                    continue
+                if lexical is not None:  # another writer changed the log meanwhile: it may hold the same text
+                    hit = find_exact(r, scan, lexical, snap.alive)
+                    if hit is not None:
+                        dupes[i] = {"duplicate_of": scan.records[hit]["id"], "kind": "exact"}
+                        continue
+                old = r.get("supersedes")
+                if old is not None and scan.live(old) is None and old not in batch_ids:
+                    raise InputError(f"record {i} supersedes {old!r}, which is not a live record; nothing was written",
+                                     code="record-supersedes-unknown",
+                                     details={"index": i, "id": r["id"], "supersedes": old, "written": 0})
+                batch_ids.add(r["id"])
+                new.append(r)
+                new_index.append(i)
+            ops, forgotten, already = self._tombstones(scan, forget, reason, reasons or {})
+            self.store.append(new, ops)
+            crash_point("after-append")
+            scan = snap.refresh()
+            save_lexical(snap)
+        positions = list(range(before, before + len(new)))
+        precomputed = {p: vectors[i] for p, i in zip(positions, new_index) if i in vectors}
+        state = self.vectors.sync(None, must=positions, cap=self.config.max_pending_embed, blocking=True,
+                                  verb=verb, precomputed=precomputed)
+        stored = set(new_index)
+        return {
+            "added": len(new),
+            "skipped": len(skipped),
+            "ids": [r["id"] for r in new],
+            "skipped_ids": skipped,
+            "duplicates": [{"index": i, "id": records[i]["id"], **d} for i, d in sorted(dupes.items())],
+            "near_duplicates": [{"index": i, "id": records[i]["id"], **d} for i, d in sorted(near.items())
+                                if i in stored],
+            "forgotten": forgotten,
+            "already_retired": already,
+            "indexed": state.indexed,
+            "embedded": state.embedded + len(vectors),
+            "pending": state.behind if state.degraded is None else None,
+            "degraded": state.degraded or degraded,
+            "recovered": recovered,
+            "warnings": scan.warnings(),
+        }
+
+    def _exact_duplicates(self, records: "list[Record]", scan: LogScan) -> dict[int, dict[str, Any]]:
+        """Batch index -> the live (or earlier) record whose text it repeats exactly."""
+        snap = self.snap
+        dupes: dict[int, dict[str, Any]] = {}
+        seen: dict[str, int] = {}
+        lexical = snap.lexical_engine() if scan.live_count else None
+        for i, r in enumerate(records):
+            if scan.live(r["id"]) is not None:
+                continue
+            fp = fingerprint(r)
+            if fp in seen:
+                dupes[i] = {"duplicate_of": records[seen[fp]]["id"], "kind": "exact"}
+                continue
+            seen[fp] = i
+            hit = find_exact(r, scan, lexical, snap.alive) if lexical is not None else None
+            if hit is not None:
+                dupes[i] = {"duplicate_of": scan.records[hit]["id"], "kind": "exact"}
+        return dupes
+
+    def _embed_ahead(self, records: "list[Record]", todo: list[int], scan: LogScan
+                     ) -> tuple[dict[int, np.ndarray], dict[int, dict[str, Any]], dict[str, Any] | None]:
+        """Embed the new records before taking the lock (for their index, and to name near duplicates):
+        ``(vectors by batch index, near duplicates by batch index, degraded)``."""
+        threshold = self.config.near_duplicate
+        if not todo or threshold is None:
+            return {}, {}, None
+        snap = self.snap
+        near: dict[int, dict[str, Any]] = {}
+        try:
+            manifest, index, labels = snap.vectors()
+            mismatch = self.vectors.mismatch(manifest, None) if manifest is not None else None
+            if mismatch:
+                raise mismatch
+            embedded = self.vectors.embed([embed_text(records[i]) for i in todo])
+            live_labels = labels[(labels >= 0) & snap.alive]
+            near_labels, near_sims = nearest(embedded, index, live_labels)
+            for i, label, sim in zip(todo, near_labels.tolist(), near_sims.tolist()):
+                if sim >= threshold:
+                    pos = int(snap.positions_of(np.array([label]))[0])
+                    # A revision resembles what it replaces: that is no near duplicate worth naming.
+                    if pos >= 0 and scan.records[pos]["id"] != records[i].get("supersedes"):
+                        near[i] = {"near_duplicate_of": scan.records[pos]["id"], "similarity": round(sim, 4)}
+            for a, b, sim in within_batch(embedded, threshold):
+                if todo[a] not in near or near[todo[a]]["similarity"] < sim:
+                    near[todo[a]] = {"near_duplicate_of": records[todo[b]]["id"], "similarity": round(sim, 4)}
+        except (StoreError, EmbeddingError, RebuildRequired) as exc:
+            return {}, {}, exc.to_dict()  # no vectors ahead and no near-duplicate report; exact ones still hold
+        return dict(zip(todo, embedded)), near, None
+
+    @staticmethod
+    def _tombstones(scan: LogScan, forget: Sequence[str], reason: str, reasons: dict[str, str]
+                    ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+        """Under the lock: ``(forget lines, ids retired now, ids already retired)``."""
+        ops: list[dict[str, Any]] = []
+        forgotten: list[str] = []
+        already: list[str] = []
+        if not forget:
+            return ops, forgotten, already
+        unknown = [rid for rid in forget if rid not in scan.position]
+        if unknown:
+            raise InputError(f"no record has the id {unknown[0]!r}; nothing was forgotten",
+                             code="record-not-found", details={"ids": unknown[:50], "written": 0})
+        for rid in forget:
+            if scan.live(rid) is None:
+                already.append(rid)
+            else:
+                ops.append(forget_op(rid, reasons.get(rid, reason)))
+                forgotten.append(rid)
+        return ops, forgotten, already

@@ -1,0 +1,78 @@
+"""The embedder seam: one method, ``embed(texts) -> float32 array``, plus an identity.
+
+An :class:`Embedder` has a model id, a dimension, a :meth:`~Embedder.spec`
+(what makes its vectors comparable) and :meth:`~Embedder.embed`.  The
+*fingerprint* of a spec hashes provider, what the model is (a digest of its
+files: configuration, pooling, tokenizer, weights; ``modelfiles.py``),
+dimension, normalisation, text template, long-text pooling and the embedder's
+own format version.  The model's *name* counts only when its files cannot be
+found.  Vectors with different fingerprints are never mixed (adr/0003); how
+they are computed (the runtime: torch or ONNX, CPU or GPU) is not part of it,
+because every runtime must give the same vectors (adr/0012).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from ..fsio import dumps
+from ..records import EMBED_TEMPLATE
+
+
+def fingerprint_of(spec: dict[str, Any]) -> str:
+    """A short stable digest of an embedding spec (by the model's files when they are known)."""
+    named = spec.get("files") is None
+    canonical = dumps({k: spec[k] for k in sorted(spec) if named or k != "model"})
+    return hashlib.sha256(canonical).hexdigest()[:16]
+
+
+class Embedder:
+    """Base class: subclasses set ``provider``/``model_id`` and implement ``embed`` and ``dim``."""
+
+    provider = "base"
+    version = 1
+    normalize = True
+    pooling = "none"  # how a text longer than the model's window becomes one vector
+
+    def __init__(self, model_id: str):
+        self.model_id = model_id
+
+    @property
+    def dim(self) -> int:
+        raise NotImplementedError
+
+    def known_dim(self) -> int | None:
+        """The dimension if it is known without loading the model."""
+        return self.dim
+
+    def files_digest(self) -> str | None:
+        """A digest of the model's files (``modelfiles.digest``); None for models without files."""
+        return None
+
+    def spec(self, dim: int | None = None) -> dict[str, Any]:
+        """What makes vectors comparable (``dim`` given or known cheaply)."""
+        return {
+            "provider": self.provider,
+            "model": self.model_id,
+            "dim": dim if dim is not None else self.known_dim(),
+            "normalize": self.normalize,
+            "template": EMBED_TEMPLATE,
+            "pooling": self.pooling,
+            "version": self.version,
+            "files": self.files_digest(),
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint_of(self.spec(self.dim))
+
+    def runtime_info(self) -> dict[str, Any]:
+        """Which runtime computes the vectors, on which device, and why (``memory-stats``)."""
+        return {"runtime": self.provider}
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Return an ``(len(texts), dim)`` float32 array of unit vectors."""
+        raise NotImplementedError

@@ -1,0 +1,284 @@
+"""The verbs, in one table that every interface dispatches through.
+
+A *request* is a verb's arguments by name (the CLI's parsed flags, made
+self-contained by :func:`prepare`; an MCP tool's arguments).  :func:`run`
+opens the memory with the factory its caller passes in (the CLI opens one per
+process, ``memory-serve`` and ``memory-mcp`` pass their warm one), calls the
+one library method the verb stands for, and returns ``(exit code, stream,
+document)`` with errors already in their envelope (``errors.failure``).  No
+verb scores, stores or locks anything itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DisabledError, InputError, UsageError, failure
+from ..limits import FORMAT_ALIASES, MAX_BODY
+
+if TYPE_CHECKING:
+    from ..api.memory import Memory
+
+Request = dict[str, Any]
+MAX_STDIN = 256 << 20
+
+
+@dataclass
+class Context:
+    """What a verb may use besides its request: how to open the memory, and where progress goes."""
+
+    open_memory: Callable[[str | None], "Memory"]
+    progress: Callable[[str, int, int], None] | None = None
+
+
+@dataclass(frozen=True)
+class Verb:
+    name: str
+    help: str
+    call: Callable[[Context, Request], Any]
+    served: bool = True  # memory-serve answers it (the others are servers, or need no memory)
+    writes: bool = False  # it changes the memory (memory-serve runs these one at a time)
+    stdin: bool = False  # it may read standard input
+
+
+VERBS: dict[str, Verb] = {}
+
+
+def verb(name: str, help: str, **flags: bool) -> Callable[[Callable[[Context, Request], Any]], Callable[..., Any]]:
+    def register(fn: Callable[[Context, Request], Any]) -> Callable[[Context, Request], Any]:
+        VERBS[name] = Verb(name, help, fn, **flags)
+        return fn
+
+    return register
+
+
+def tags(value: Any) -> list[str]:
+    """``--tags a,b`` (a string) or a list, as a list."""
+    if isinstance(value, list):
+        return value
+    return [t.strip() for t in value.split(",") if t.strip()] if value else []
+
+
+def read_file(path: str, what: str, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of a file the user named; never reads without end."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InputError(f"cannot read {what} {path!r}: {why}", code=f"{what}-unreadable",
+                         details={"path": path}) from None
+
+
+def read_text_file(path: str, what: str, limit: int) -> str:
+    data = read_file(path, what, limit * 4)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{what} {path!r} is not UTF-8 text", code=f"{what}-unreadable",
+                         details={"path": path}) from None
+
+
+def read_stdin() -> str | None:
+    """Standard input as text, or None for a terminal."""
+    if sys.stdin is None or sys.stdin.isatty():
+        return None
+    raw = sys.stdin.buffer.read(MAX_STDIN + 1)
+    if len(raw) > MAX_STDIN:
+        raise InputError("standard input is larger than 256 MiB", code="stdin-too-large")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError("standard input is not UTF-8 text", code="stdin-unreadable") from None
+
+
+def prepare(name: str, request: Request) -> None:
+    """Make a request self-contained, before it runs here or is sent to ``memory-serve``: standard
+    input read (unless memory is off: then nothing is read), files named relative to this process's
+    working directory made absolute, and a record id fixed (so a retry cannot store it twice)."""
+    if not VERBS[name].stdin:
+        return
+    from ..config import load_project
+
+    if not load_project(request.get("root")).config.enabled:
+        raise DisabledError("memory is disabled for this project (memory.enabled is false); run memory-init "
+                            "to enable it")
+    if name == "memory-add":
+        if request.get("body") is not None and request.get("body_file") is not None:
+            raise UsageError("give --body or --body-file, not both")
+        if request.get("body") is None and request.get("body_file") is None:
+            request["stdin_text"] = read_stdin()
+        if request.get("id") is None:
+            request["id"] = str(uuid.uuid4())
+    if name == "memory-index" and request.get("records_file") == "-":
+        request["stdin_text"] = read_stdin()
+    for key in ("body_file", "records_file"):
+        value = request.get(key)
+        if value not in (None, "-"):
+            request[key] = os.path.abspath(value)
+
+
+def run(name: str, request: Request, ctx: Context) -> tuple[int, str, Any]:
+    """Run a verb: ``(exit code, "stdout" or "stderr", document)``."""
+    try:
+        if name not in VERBS:
+            raise UsageError(f"unknown verb {name!r}", details={"verbs": sorted(VERBS)})
+        return 0, "stdout", VERBS[name].call(ctx, request)
+    except DisabledError as exc:
+        if request.get("skip_if_disabled"):
+            return 0, "stdout", {"skipped": True, "reason": "memory-disabled"}
+        return exc.exit_code, "stderr", {"error": exc.to_dict()}
+    except BaseException as exc:
+        if isinstance(exc, SystemExit):
+            raise
+        code, envelope = failure(exc)
+        return code, "stderr", envelope
+
+
+def _memory(ctx: Context, request: Request) -> "Memory":
+    return ctx.open_memory(request.get("root"))
+
+
+def _progress(ctx: Context, stage: str) -> Callable[[int, int], None] | None:
+    report = ctx.progress
+    if report is None:
+        return None
+    return lambda done, total: report(stage, done, total)
+
+
+# -- the table ------------------------------------------------------------------------------
+@verb("memory-init", "create .nubos-pilot/memory/ and enable memory for this project", served=False)
+def _init(ctx: Context, request: Request) -> Any:
+    from ..api.memory import Memory
+    from ..config import Project, find_root
+
+    # init is the one verb that works while memory is disabled: it enables it.
+    return Memory(Project(root=find_root(request.get("root")))).init()
+
+
+@verb("memory-add", "add one record", writes=True, stdin=True)
+def _add(ctx: Context, request: Request) -> Any:
+    mem = _memory(ctx, request)
+    mem.require_enabled()
+    if request.get("body") is not None:
+        body = request["body"]
+    elif request.get("body_file") is not None:
+        body = read_text_file(request["body_file"], "body-file", MAX_BODY)
+    else:
+        body = request.get("stdin_text") or ""
+        if body.endswith("\n"):  # `echo text | np-tools memory-add`: the newline ends the input, not the body
+            body = body[:-2] if body.endswith("\r\n") else body[:-1]
+    record = {"type": request.get("type"), "title": request.get("title"), "body": body,
+              "tags": tags(request.get("tags")), "phase": request.get("phase"),
+              "provenance": request.get("provenance")}
+    for key in ("id", "created_at", "supersedes", "importance"):
+        if request.get(key) is not None:
+            record[key] = request[key]
+    return mem.add(record, force=bool(request.get("force")))
+
+
+@verb("memory-index", "add a batch of records from a JSON array or JSONL file ('-' for stdin)", writes=True,
+      stdin=True)
+def _index(ctx: Context, request: Request) -> Any:
+    from .batchfile import MAX_BATCH_BYTES, parse_batch
+
+    mem = _memory(ctx, request)
+    mem.require_enabled()
+    path = request.get("records_file")
+    if path is None:
+        raise UsageError("--records-file is required")
+    if path == "-":
+        data = (request.get("stdin_text") or "").encode("utf-8", "surrogateescape")[: MAX_BATCH_BYTES + 1]
+    else:
+        data = read_file(path, "records-file", MAX_BATCH_BYTES)
+    return mem.index(parse_batch(data, path), force=bool(request.get("force")))
+
+
+@verb("memory-query", "hybrid BM25 + vector search")
+def _query(ctx: Context, request: Request) -> Any:
+    text, positional = request.get("text"), request.get("positional")
+    if text is not None and positional:
+        raise UsageError("give the query as --text or positionally, not both")
+    if text is None and positional:
+        text = " ".join(positional)
+    result = _memory(ctx, request).query(
+        text, k=request.get("k", 8), type=request.get("type"), phase=request.get("phase"),
+        tags=tags(request.get("tags")), alpha=request.get("alpha"), fusion=request.get("fusion"),
+        explain=bool(request.get("explain")), mode=request.get("mode") or "hybrid",
+        max_tokens=request.get("max_tokens"), collapse=not request.get("no_collapse"))
+    if FORMAT_ALIASES.get(request.get("format") or "", request.get("format")) == "markdown":
+        from ..api.context import render_markdown
+
+        return render_markdown(result)  # printed as text, not JSON
+    return result
+
+
+@verb("memory-forget", "retire records by id (tombstones; the log stays append-only)", writes=True)
+def _forget(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).forget(list(request.get("ids") or []), reason=request.get("reason") or "forgotten")
+
+
+@verb("memory-ingest", "index markdown files and folders (CLAUDE.md, docs/, memory category files)", writes=True)
+def _ingest(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).ingest(
+        list(request.get("paths") or []), include=request.get("include") or [],
+        exclude=request.get("exclude") or [], prune_missing=bool(request.get("prune_missing")),
+        record_type=request.get("type"))
+
+
+@verb("memory-compact", "rewrite records.jsonl without retired records (backup kept), then rebuild", writes=True)
+def _compact(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).compact(_progress(ctx, "embedding"))
+
+
+@verb("memory-prune", "retire never-retrieved records older than a window, e.g. --unused-for 90d", writes=True)
+def _prune(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).prune(request.get("unused_for"), dry_run=bool(request.get("dry_run")))
+
+
+@verb("memory-rebuild", "rebuild the index, keymap and manifest from records.jsonl", writes=True)
+def _rebuild(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).rebuild(_progress(ctx, "embedding"), reembed=bool(request.get("reembed")))
+
+
+@verb("memory-stats", "counts, model, timestamps and consistency of the memory")
+def _stats(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).stats()
+
+
+@verb("memory-eval", "measure retrieval quality and latency on a BEIR dataset (scratch memory)", served=False)
+def _eval(ctx: Context, request: Request) -> Any:
+    from pathlib import Path
+
+    from ..api.evaluate import MODES, evaluate
+    from ..config import load_project
+
+    mode = request.get("mode") or "all"
+    modes = MODES if mode == "all" else (mode,)
+    config = load_project(request.get("root")).config.to_dict()
+    return evaluate(config, Path(request["beir"]), split=request.get("split") or "test", modes=modes,
+                    k=request.get("k", 10), alpha=request.get("alpha"), max_queries=request.get("max_queries"),
+                    cache=not request.get("no_cache"), progress=ctx.progress)
+
+
+@verb("memory-serve", "keep this memory warm and answer the other verbs over a Unix socket", served=False)
+def _serve(ctx: Context, request: Request) -> Any:
+    from .server import run_server as serve
+
+    return serve(request.get("root"), float(request.get("idle_timeout") or 0.0))
+
+
+@verb("memory-mcp", "serve this memory's tools to an agent over the Model Context Protocol (stdio)", served=False)
+def _mcp(ctx: Context, request: Request) -> Any:
+    from .mcp_server import run_mcp as serve_mcp
+
+    serve_mcp(request.get("root"))
+    return None  # stdout belonged to the protocol: nothing more is printed
+
+
+SERVED = tuple(name for name, v in VERBS.items() if v.served)

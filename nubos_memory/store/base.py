@@ -1,0 +1,110 @@
+"""The store seam: where a memory's log, write lock and derived state live.
+
+:class:`Store` is everything the library asks of a place that holds a memory.
+``FileStore`` (``files.py``) is today's ``.nubos-pilot/memory/`` folder; a
+second implementation (a database) provides the same operations with the same
+semantics, and every verb works on it unchanged:
+
+* **the log** — the source of truth, records and operation lines in order
+  (``recordlog.py`` defines them): ``refresh`` reads what was appended since a
+  :class:`LogScan` (from its ``offset``, a position in the log), ``append``
+  adds records and operations as one all-or-nothing change, ``settle`` deals
+  with a crashed writer's leftovers, ``rewrite`` replaces the log by its live
+  records for ``memory-compact`` (keeping the old one);
+* **the write lock** — one per memory, spanning read → decide → write;
+* **derived state** — the vector generation (manifest, vectors, graph,
+  keymap), the persisted lexical postings, and usage (retrievals).  All of it
+  can be lost and re-derived from the log by ``memory-rebuild``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..index.lexical import PostingsBM25
+    from ..index.vectors import HnswParams, VectorIndex
+    from ..types import Manifest, Record
+    from .recordlog import LogScan
+
+
+class UsageLog(Protocol):
+    """Which records queries returned, and when (``usage.py``)."""
+
+    def start(self) -> None: ...
+    def record(self, ids: list[str]) -> bool: ...
+    def summary(self) -> tuple[float | None, dict[str, list[float]]]: ...
+    def fold(self, force: bool = False) -> None: ...
+
+
+class Store(Protocol):
+    """Where one memory lives (see the module docstring)."""
+
+    kind: str
+
+    @property
+    def usage(self) -> UsageLog:
+        """Which records queries returned, and when."""
+        ...
+
+    # -- the place -------------------------------------------------------------------------
+    def check(self) -> list[dict[str, Any]]:
+        """Refuse a store that could lead reads or writes elsewhere; return warnings about it."""
+        ...
+
+    def prepare(self) -> None:
+        """Create what a first write needs."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Where it is, for people (``memory-stats``)."""
+        ...
+
+    # -- the log -----------------------------------------------------------------------------
+    def refresh(self, scan: "LogScan | None") -> "LogScan":
+        """``scan`` brought up to date (a fresh scan for None)."""
+        ...
+
+    def append(self, records: "Sequence[Record]", ops: Sequence[dict[str, Any]] = ()) -> None:
+        """Append one change durably (under the lock); readers see all of it or none."""
+        ...
+
+    def settle(self, scan: "LogScan") -> dict[str, Any] | None:
+        """Under the lock: settle an unfinished write a crashed writer left; say what was done."""
+        ...
+
+    def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
+        """Under the lock: replace the log by these records, keeping the old log (``memory-compact``)."""
+        ...
+
+    # -- the lock ------------------------------------------------------------------------------
+    def lock(self, verb: str) -> AbstractContextManager[None]:
+        """Hold the write lock (waiting up to ``memory.lock_timeout``; ``lock-timeout`` after)."""
+        ...
+
+    def try_lock(self, verb: str) -> AbstractContextManager[bool]:
+        """Hold the write lock if it is free right now (yields whether it was)."""
+        ...
+
+    # -- derived state -------------------------------------------------------------------------
+    def read_manifest(self) -> "Manifest | None": ...
+
+    def load_current(self) -> "tuple[Manifest | None, VectorIndex | None]": ...
+
+    def commit(self, *, ids: list[str], hashes: list[str], vectors: "np.ndarray", embedding: dict[str, Any],
+               params: "HnswParams", alpha: float, previous: "Manifest | None", base: "VectorIndex | None" = None,
+               rebuilt: bool = False) -> "Manifest":
+        """Under the lock: publish a new vector generation (``base``: extend the current one)."""
+        ...
+
+    def load_lexical(self, max_records: int) -> "tuple[PostingsBM25, int] | None":
+        """The persisted lexical postings and the log offset they cover, if still valid."""
+        ...
+
+    def save_lexical(self, engine: "PostingsBM25", offset: int) -> None: ...
+
+    def invalidate_lexical(self) -> None: ...

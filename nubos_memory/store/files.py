@@ -1,0 +1,177 @@
+"""The file store: one project's ``.nubos-pilot/memory/`` folder (the default ``memory.backend``).
+
+::
+
+    records.jsonl             the log (``recordlog.py``); committed, merged with merge=union
+    .lock, .lock.holder.json  the write lock (``lock.py``)
+    manifest.json + index-/keymap-/vectors-<gen>   the vector generation (``cache.py``)
+    lexical.json + lexical-<gen>.npz                the lexical postings (``lexcache.py``)
+    usage.jsonl, usage.json   retrievals (``usage.py``)
+    records.jsonl.torn        torn bytes a crashed writer left, set aside
+    records.jsonl.bak-<time>  the log before a memory-compact
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import StoreError
+from ..faults import crash_point
+from ..fsio import atomic_write_bytes, dumps, ensure_dir
+from .cache import DerivedCache
+from .lexcache import LexicalCache
+from .lock import WriteLock
+from .recordlog import LogScan, RecordLog
+from .usage import Usage
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..config import Project
+    from ..index.lexical import PostingsBM25
+    from ..index.vectors import HnswParams, VectorIndex
+    from ..types import Manifest, Record
+
+RECORDS = "records.jsonl"
+MEMORY_FILES = (RECORDS, RECORDS + ".torn", "manifest.json", "lexical.json", "usage.json", "usage.jsonl",
+                ".lock", ".lock.holder.json", ".gitignore", ".gitattributes", "serve.sock", "serve.lock")
+GITIGNORE = """# nubos-memory: everything here but the source of truth is a derived cache,
+# rebuilt exactly from records.jsonl by `np-tools memory-rebuild`.
+*
+!.gitignore
+!.gitattributes
+!records.jsonl
+"""
+GITATTRIBUTES = "records.jsonl merge=union\n"
+
+
+def folder_notices(folder: Path) -> list[dict[str, Any]]:
+    """Warnings about a memory folder that other users could write to (a clone may carry any mode)."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return []
+    out = []
+    if st.st_uid != os.getuid():
+        out.append({"code": "memory-folder-not-owned",
+                    "message": f"the memory folder belongs to uid {st.st_uid}, not to this user; its owner can "
+                               "change every file in it"})
+    if st.st_mode & 0o022:
+        out.append({"code": "memory-folder-writable",
+                    "message": f"the memory folder is writable by group or others (mode {st.st_mode & 0o777:o}): "
+                               "another user could replace its files or put a server in it; memory-serve is not "
+                               f"used. Fix: chmod 700 {folder}"})
+    return out
+
+
+class FileStore:
+    """The :class:`~nubos_memory.store.base.Store` of a project's memory folder."""
+
+    kind = "files"
+
+    def __init__(self, project: "Project", lock_timeout: float):
+        self.project = project
+        self.folder = project.memory_dir
+        self.log = RecordLog(self.folder / RECORDS)
+        self.cache = DerivedCache(self.folder)
+        self.lexcache = LexicalCache(self.folder, self.folder / RECORDS)
+        self.usage = Usage(self.folder)
+        self.write_lock = WriteLock(self.folder, lock_timeout)
+        self._guarded = (project.state_dir, self.folder, project.config_path,
+                         *(self.folder / name for name in MEMORY_FILES))
+
+    # -- the place -------------------------------------------------------------------------
+    def check(self) -> list[dict[str, Any]]:
+        """Refuse a memory folder whose parts are symlinks or lead outside the project.
+
+        A ``.nubos-pilot/`` from an untrusted clone could otherwise make us read
+        a file outside the project (and print parts of it as "corrupt lines")
+        or append to one (``usage.jsonl`` -> ``~/.bashrc``), or truncate one
+        (the lock file).  Every file we open there is checked here, and the
+        log and usage files are also opened with ``O_NOFOLLOW``.
+        """
+        root = self.project.root
+        for path in self._guarded:
+            if os.path.islink(path):
+                raise StoreError(f"{path.relative_to(root)} is a symlink; memory files are never followed "
+                                 "through links (an untrusted clone could point them anywhere)",
+                                 code="store-symlink-refused", details={"path": str(path)})
+        if self.folder.exists():
+            try:
+                self.folder.resolve().relative_to(root.resolve())
+            except ValueError:
+                raise StoreError("the memory folder resolves outside the project", code="store-symlink-refused",
+                                 details={"path": str(self.folder)}) from None
+        return folder_notices(self.folder)
+
+    def prepare(self) -> None:
+        ensure_dir(self.folder)
+        for name, text in ((".gitignore", GITIGNORE), (".gitattributes", GITATTRIBUTES)):
+            path = self.folder / name
+            if not path.exists():
+                atomic_write_bytes(path, text.encode())
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.kind, "memory_dir": str(self.folder)}
+
+    # -- the log -----------------------------------------------------------------------------
+    def refresh(self, scan: LogScan | None) -> LogScan:
+        return self.log.refresh(scan)
+
+    def append(self, records: "Sequence[Record]", ops: Sequence[dict[str, Any]] = ()) -> None:
+        self.log.append(records, ops)
+
+    def settle(self, scan: LogScan) -> dict[str, Any] | None:
+        return self.log.recover_tail(scan)
+
+    def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
+        """Under the lock: the current log is kept as ``records.jsonl.bak-<time>`` (a hard link, so not a
+        byte is lost), and a new file with ``records`` replaces it atomically."""
+        path = self.log.path
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        backup = path.with_name(f"{RECORDS}.bak-{stamp}")
+        before = path.stat().st_size if path.exists() else 0
+        if path.exists():
+            try:
+                os.link(path, backup)
+            except OSError:
+                shutil.copy2(path, backup)
+        crash_point("compact-backup-made")
+        atomic_write_bytes(path, b"".join(dumps(r) + b"\n" for r in records))
+        self.lexcache.invalidate()
+        return {"backup": backup.name if before else None, "bytes": {"before": before, "after": path.stat().st_size}}
+
+    # -- the lock ------------------------------------------------------------------------------
+    def lock(self, verb: str) -> AbstractContextManager[None]:
+        return self.write_lock.hold(verb)
+
+    def try_lock(self, verb: str) -> AbstractContextManager[bool]:
+        return self.write_lock.try_hold(verb)
+
+    # -- derived state -------------------------------------------------------------------------
+    def read_manifest(self) -> "Manifest | None":
+        return self.cache.read_manifest()
+
+    def load_current(self) -> "tuple[Manifest | None, VectorIndex | None]":
+        return self.cache.load_current()
+
+    def commit(self, *, ids: list[str], hashes: list[str], vectors: "np.ndarray", embedding: dict[str, Any],
+               params: "HnswParams", alpha: float, previous: "Manifest | None", base: "VectorIndex | None" = None,
+               rebuilt: bool = False) -> "Manifest":
+        return self.cache.commit(ids=ids, hashes=hashes, vectors=vectors, embedding=embedding, params=params,
+                                 alpha=alpha, previous=previous, base=base, rebuilt=rebuilt)
+
+    def load_lexical(self, max_records: int) -> "tuple[PostingsBM25, int] | None":
+        return self.lexcache.load(max_records)
+
+    def save_lexical(self, engine: "PostingsBM25", offset: int) -> None:
+        self.lexcache.save(engine, offset)
+
+    def invalidate_lexical(self) -> None:
+        self.lexcache.invalidate()

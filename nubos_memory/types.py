@@ -1,0 +1,154 @@
+"""The shapes of the library's data: records, manifests and the answers of the verbs.
+
+These are the JSON documents the CLI prints and the MCP tools return; field
+names are a contract (tests pin them).  ``TypedDict`` keeps them plain dicts
+(``orjson`` writes them as they are) while the type checker knows their fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+
+
+class Record(TypedDict):
+    """One record of ``records.jsonl`` (schema v2; ``records.py`` validates it)."""
+
+    id: str
+    type: str
+    phase: str | None
+    title: str
+    body: str
+    tags: list[str]
+    provenance: str | None
+    created_at: str | None
+    source_file: NotRequired[str]
+    chunk_index: NotRequired[int]
+    heading: NotRequired[str]
+    importance: NotRequired[float]
+    supersedes: NotRequired[str]
+
+
+class Embedding(TypedDict, total=False):
+    """What makes vectors comparable (``embed/base.py``), as stored in the manifest."""
+
+    provider: str
+    model: str
+    files: str | None
+    dim: int | None
+    normalize: bool
+    template: str
+    pooling: str
+    version: int
+    fingerprint: str
+
+
+class Manifest(TypedDict, total=False):
+    """``manifest.json``: the current generation of derived vector files (``store/cache.py``)."""
+
+    format: int
+    schema_version: int
+    generation: str
+    appended_to: str | None
+    embedding: Embedding
+    hnsw: dict[str, Any]
+    alpha: float
+    files: dict[str, dict[str, Any]] | None
+    covers: dict[str, Any]
+    created_at: str
+    rebuilt_at: str | None
+    updated_at: str
+    signature: str | None
+    _verified: bool | None
+
+
+class Problem(TypedDict, total=False):
+    """A warning or a consistency problem: a stable code and a message, plus details."""
+
+    code: str
+    message: str
+
+
+class Hit(TypedDict):
+    """One result of ``memory-query``."""
+
+    id: str
+    score: float
+    retrieval: str
+    record: Record
+    collapsed: NotRequired[dict[str, Any]]
+    explain: NotRequired[dict[str, Any]]
+
+
+class QueryResult(TypedDict):
+    hits: list[Hit]
+    degraded: dict[str, Any] | None
+    query: dict[str, Any]
+    counts: dict[str, int]
+    warnings: list[dict[str, Any]]
+    budget: NotRequired[dict[str, Any]]
+
+
+class WriteResult(TypedDict):
+    """The answer of ``memory-index`` (``memory-add`` adds its own fields)."""
+
+    added: int
+    skipped: int
+    ids: list[str]
+    skipped_ids: list[str]
+    duplicates: list[dict[str, Any]]
+    near_duplicates: list[dict[str, Any]]
+    forgotten: list[str]
+    already_retired: list[str]
+    indexed: int
+    embedded: int
+    pending: int | None
+    degraded: dict[str, Any] | None
+    recovered: dict[str, Any] | None
+    warnings: list[dict[str, Any]]
+
+
+class Consistency(TypedDict):
+    """Whether the log, the keymap and the index agree, and every problem found (with its why)."""
+
+    records: int
+    keymap: int
+    index: int | None
+    pending: int
+    stale: int
+    retired_in_index: int
+    corrupt_lines: list[dict[str, Any]]
+    corrupt_count: int
+    duplicate_ids: list[dict[str, Any]]
+    partial_tail: dict[str, Any] | None
+    damaged_groups: list[dict[str, Any]]
+    rolled_back: list[dict[str, Any]]
+    fingerprint_match: bool | None
+    consistent: bool
+    problems: list[dict[str, Any]]
+
+
+class Stats(TypedDict, total=False):
+    """The answer of ``memory-stats``."""
+
+    count: int
+    retired: dict[str, Any]
+    dim: int | None
+    model: str
+    provider: str
+    configured_model: str
+    runtime: dict[str, Any]
+    schema_version: int
+    alpha: float
+    threshold: float
+    fusion: str
+    created_at: str | None
+    rebuilt_at: str | None
+    updated_at: str | None
+    hnsw: dict[str, Any] | None
+    fingerprint: str | None
+    consistency: Consistency
+    backend: str
+    store: dict[str, Any]
+    memory_dir: str
+    bytes: int
+    warnings: list[dict[str, Any]]

@@ -1,0 +1,119 @@
+"""The architecture holds (issue 13, adr/0011): imports go one way, and no module reaches into
+another's private names.
+
+Layers, lowest first; a module may import its own sub-package and any lower layer::
+
+    foundation   errors limits types fsio faults trust userdirs config records tokenize
+    index, embed         derived indexes; text → vectors
+    store                where the log, the lock and derived state live
+    search, ingest       answering a query; markdown → records
+    api                  the Memory facade, its write path and vector sync, stats, eval
+    interfaces           cli, verbs, memory-serve, its client, memory-mcp
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from nubos_memory.errors import EXIT_CODES
+
+from .conftest import REPO
+
+PACKAGE = REPO / "nubos_memory"
+FOUNDATION = {"errors", "limits", "types", "fsio", "faults", "trust", "userdirs", "config", "records", "tokenize"}
+LAYER = {"foundation": 0, "index": 1, "embed": 1, "store": 2, "search": 3, "ingest": 3, "api": 4, "interfaces": 5}
+# The package's front door re-exports the facade (lazily); ``python -m`` runs the CLI.
+ENTRY_POINTS = {"__init__", "__main__", "embedders"}  # TEMP
+
+
+def modules() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).with_suffix("")
+        out.append((".".join(rel.parts), path))
+    return out
+
+
+def layer_of(module: str) -> str:
+    """The layer of a module name relative to the package ('store.cache' → store)."""
+    head = module.split(".")[0]
+    return head if head in LAYER else "foundation"
+
+
+def imported(path: Path, module: str) -> list[tuple[str, int]]:
+    """Package-internal modules ``path`` imports (relative imports resolved), with line numbers."""
+    pkg = module.split(".")[:-1]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                if node.module and node.module.startswith("nubos_memory"):
+                    out.append((node.module.removeprefix("nubos_memory").lstrip("."), node.lineno))
+                continue
+            base = pkg[: len(pkg) - (node.level - 1)]
+            target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            if node.module is None:  # from . import x
+                out += [(".".join([*base, a.name]), node.lineno) for a in node.names]
+            else:
+                out.append((target, node.lineno))
+    return out
+
+
+def test_imports_go_down_the_layers_only():
+    wrong = []
+    for module, path in modules():
+        name = module.split(".")[-1]
+        if name in ENTRY_POINTS and module.count(".") == 0:
+            continue
+        mine = layer_of(module)
+        if mine == "foundation":
+            assert name in FOUNDATION, f"{module}: a new top-level module must be placed in a layer (adr/0011)"
+        for target, line in imported(path, module):
+            theirs = layer_of(target)
+            if theirs == mine:
+                continue
+            if LAYER[theirs] >= LAYER[mine]:
+                wrong.append(f"{module}:{line} imports {target} ({mine} → {theirs})")
+    assert wrong == []
+
+
+def test_the_layer_test_can_fail(tmp_path):
+    """The checker itself sees an upward import."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from ..api.memory import Memory\n")
+    assert imported(probe, "store.probe") == [("api.memory", 1)]
+    assert LAYER[layer_of("api.memory")] > LAYER[layer_of("store.probe")]
+
+
+def private_reaches(path: Path) -> list[str]:
+    """``x._name`` where x is not self/cls, and ``from y import _name``: another object's private parts."""
+    out = []
+    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                out.append(f"{where}:{node.lineno} .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("nubos_memory")):
+            out += [f"{where}:{node.lineno} import {a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    assert [hit for _, path in modules() for hit in private_reaches(path)] == []
+
+
+def test_the_private_name_check_can_fail(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from .memory import _answer\nx = mem._write\ny = self._fine\n")
+    found = private_reaches(probe)
+    assert len(found) == 2 and "import _answer" in found[0] and "._write" in found[1]
+
+
+def test_every_exit_code_is_in_the_readme_table():
+    table = (REPO / "README.md").read_text().split("## Errors and exit codes", 1)[1].split("\n## ", 1)[0]
+    documented = {int(line.split("|")[1]) for line in table.splitlines() if line.startswith("| ") and
+                  line.split("|")[1].strip().isdigit()}
+    assert documented == set(EXIT_CODES)
