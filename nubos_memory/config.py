@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .fsio import JSONDecodeError, loads, read_regular
-from .limits import BASE_TYPES, DEFAULT_MODEL, FUSIONS, PROVIDERS
+from .limits import BASE_TYPES, CONTEXTS, DEFAULT_MODEL, DEVICES, FUSIONS, PROVIDERS, RUNTIMES
 
 STATE_DIR = ".nubos-pilot"
 CONFIG_FILE = "config.json"
@@ -33,7 +33,10 @@ class MemoryConfig:
     model: str = DEFAULT_MODEL
     alpha: float = 0.3
     threshold: float = 0.25
-    fusion: str = "alpha"
+    fusion: str = "z"
+    context: str = "auto"  # neighbour context for short records (search/neighbours.py); "off"
+    runtime: str = "auto"  # what runs the model: auto (ONNX when exact, else torch), onnx, torch (adr/0012)
+    device: str = "auto"  # auto (a GPU for batches when there is one), cpu, cuda, mps
     candidates: int = 100
     types: tuple[str, ...] = ()
     lock_timeout: float = 30.0
@@ -95,6 +98,15 @@ def validate_section(raw: dict[str, Any], root: Path | None = None) -> MemoryCon
         elif key == "fusion":
             if value not in FUSIONS:
                 raise _bad(key, value, f"one of {list(FUSIONS)}")
+        elif key == "context":
+            if value not in CONTEXTS:
+                raise _bad(key, value, f"one of {list(CONTEXTS)}")
+        elif key == "runtime":
+            if value not in RUNTIMES:
+                raise _bad(key, value, f"one of {list(RUNTIMES)}")
+        elif key == "device":
+            if value not in DEVICES:
+                raise _bad(key, value, f"one of {list(DEVICES)}")
         elif key == "types":
             if not isinstance(value, list) or not all(
                 isinstance(t, str) and t.isidentifier() and len(t) <= 32 for t in value

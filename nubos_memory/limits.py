@@ -27,7 +27,9 @@ MAX_FORGET = 10_000  # ids in one forget
 
 # -- queries -------------------------------------------------------------------------------
 MODES = ("hybrid", "lexical", "vector")
-FUSIONS = ("alpha", "rrf")
+FUSIONS = ("z", "alpha", "rrf")
+EVAL_MODES = ("lexical", "vector", "hybrid", "alpha", "rrf")  # memory-eval: the default fusion, others, one side
+CONTEXTS = ("auto", "off")
 FORMATS = ("json", "markdown")
 FORMAT_ALIASES = {"md": "markdown"}
 MAX_K = 1000

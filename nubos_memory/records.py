@@ -52,7 +52,10 @@ SCHEMA_VERSION = 2
 FIELDS = ("id", "type", "phase", "title", "body", "tags", "provenance", "created_at")
 OPTIONAL_FIELDS = ("source_file", "chunk_index", "heading", "importance", "supersedes")
 
-EMBED_TEMPLATE = "{title}\n{body}"
+# The text embedded for a record; the manifest records this description, so a change of the rule
+# is a change of fingerprint (adr/0002 has the data that chose it).
+EMBED_TEMPLATE = "{title}:\n{body} (no colon after a title ending in .:!?; and the title alone without a body)"
+_TITLE_ENDS = (".", ":", "!", "?", ";")
 
 _ID = re.compile(ID_PATTERN + r"\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -115,8 +118,14 @@ def derived_id(record: dict[str, Any]) -> str:
 
 
 def embed_text(record: Record) -> str:
-    """The text that is embedded for a record (recorded in the manifest as the template)."""
-    return EMBED_TEMPLATE.format(title=record["title"], body=record.get("body") or "")
+    """The text that is embedded for a record (``EMBED_TEMPLATE``): the title, a colon, and the body
+    on the next line.  The colon tells the model the title is a label for what follows (a speaker,
+    a heading, a learning's point): on LoCoMo it lifted vector recall@10 from 0.457 to 0.508, on
+    SciFact it changed nothing."""
+    title, body = record["title"], record.get("body") or ""
+    if not body:
+        return title
+    return f"{title}{chr(10) if title.endswith(_TITLE_ENDS) else ':' + chr(10)}{body}"
 
 
 def content_hash(text: str) -> str:

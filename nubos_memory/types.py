@@ -54,6 +54,8 @@ class Manifest(TypedDict, total=False):
     alpha: float
     files: dict[str, dict[str, Any]] | None
     covers: dict[str, Any]
+    order: dict[str, Any]
+    kappa: float
     created_at: str
     rebuilt_at: str | None
     updated_at: str

@@ -160,7 +160,7 @@ def test_changed_text_is_reembedded_and_unchanged_text_never(counted):
     log.write_text(log.read_text().replace("body about redis", "body about valkey"))
     emb.texts.clear()
     mem.query("valkey")
-    assert emb.texts == ["note on topic redis\nbody about valkey", "valkey"]
+    assert emb.texts == ["note on topic redis:\nbody about valkey", "valkey"]
     emb.texts.clear()
     assert mem.rebuild()["embedded"] == 0 and emb.texts == []
 

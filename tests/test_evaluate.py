@@ -60,7 +60,8 @@ def test_eval_end_to_end_with_hash_embedder(tmp_path, monkeypatch):
     r = run_cli(["memory-eval", "--root", str(root), "--beir", str(tmp_path / "beir")])
     assert r.code == 0, r.err
     doc = r.json
-    assert set(doc["modes"]) == {"lexical", "vector", "hybrid", "rrf"}
+    assert set(doc["modes"]) == {"lexical", "vector", "hybrid", "alpha", "rrf"}
+    assert doc["protocol"]["ignore_identical_ids"] is True and doc["fusion"] == "z"
     assert doc["queries"] == 3 and doc["docs"] == 4
     assert doc["modes"]["lexical"]["ndcg@10"] == 1.0  # every query's rare terms are in its document
     for m in doc["modes"].values():
@@ -88,3 +89,46 @@ def test_eval_k_sets_the_cutoff(tmp_path, monkeypatch):
     assert set(r.json["modes"]["lexical"]) >= {"ndcg@1", "recall@1", "mrr@1", "recall@100"}
     bad = run_cli(["memory-eval", "--root", str(root), "--beir", str(tmp_path / "beir"), "--k", "0"])
     assert bad.code == 5 and bad.error["code"] == "query-invalid-k"
+
+
+def _eval_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUBOS_MEMORY_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "proj"
+    (root / ".nubos-pilot").mkdir(parents=True)
+    (root / ".nubos-pilot/config.json").write_text(json.dumps({"memory": {"provider": "hash", "model": "hash-64"}}))
+    return root
+
+
+def test_a_hit_with_the_querys_own_id_is_not_counted(tmp_path, monkeypatch):
+    """BEIR's EvaluateRetrieval ignores a hit whose id is the query's (ArguAna puts each query's own
+    text in the corpus); --keep-identical-ids counts it, and the output says which protocol ran."""
+    folder = tmp_path / "beir"
+    _mini_beir(folder)
+    with (folder / "corpus.jsonl").open("a") as f:  # the query's own text, under the query's id
+        f.write("\n" + json.dumps({"_id": "q1", "title": "webhook idempotency", "text": "webhook idempotency"}))
+    (folder / "qrels/test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\tq1\t1\n")
+    root = _eval_root(tmp_path, monkeypatch)
+    beir = ["memory-eval", "--root", str(root), "--beir", str(folder), "--mode", "lexical"]
+    dropped = run_cli(beir).json
+    kept = run_cli([*beir, "--keep-identical-ids"]).json
+    assert dropped["protocol"]["ignore_identical_ids"] is True and kept["protocol"]["ignore_identical_ids"] is False
+    assert kept["modes"]["lexical"]["mrr@10"] == 1.0  # the query's own text is the top hit
+    assert dropped["modes"]["lexical"]["recall@10"] == 0.5  # it is dropped: only d1 can be found
+
+
+def test_several_folders_are_averaged_over_their_questions_with_a_report(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    _mini_beir(a)
+    _mini_beir(b)
+    (b / "qrels/test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td2\t1\n")  # one question, a miss
+    root = _eval_root(tmp_path, monkeypatch)
+    report = tmp_path / "report.md"
+    r = run_cli(["memory-eval", "--root", str(root), "--beir", str(a), str(b), "--mode", "lexical",
+                 "--report", str(report)])
+    assert r.code == 0, r.err
+    doc = r.json
+    assert [d["queries"] for d in doc["datasets"]] == [3, 1] and doc["queries"] == 4
+    per = [d["modes"]["lexical"]["recall@10"] for d in doc["datasets"]]
+    assert doc["modes"]["lexical"]["recall@10"] == pytest.approx((3 * per[0] + 1 * per[1]) / 4, abs=1e-4)
+    text = report.read_text()
+    assert "| a | 3 | lexical |" in text and "average (question-weighted)" in text and doc["report"] == str(report)

@@ -37,12 +37,15 @@ def test_init_stats_and_empty_query_stay_light(tmp_path):
 
 
 def test_probe_detects_heavy_imports(tmp_path):
-    """The probe itself can fail: a query over a non-empty store does load the model."""
+    """The probe itself can fail: a write over the torch runtime does load sentence-transformers."""
+    from .conftest import write_config
+
     root = tmp_path / "p"
     root.mkdir()
-    res = _probe([["memory-init", "--root", str(root)],
-                  ["memory-add", "--root", str(root), "--type", "learning", "--title", "t", "--body", "b"]])
-    assert res["codes"] == [0, 0]
+    assert _probe([["memory-init", "--root", str(root)]])["codes"] == [0]
+    write_config(root, runtime="torch")
+    res = _probe([["memory-add", "--root", str(root), "--type", "learning", "--title", "t", "--body", "b"]])
+    assert res["codes"] == [0]
     assert "sentence_transformers" in res["heavy"]
 
 

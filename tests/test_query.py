@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -97,8 +98,34 @@ def test_operator_characters_never_error(corpus, text):
     assert r.code == 0, r.err
 
 
+def test_z_fusion_and_explain(corpus):
+    """The default: each side standardised over the scope, w·z(b') + (1 − w)·z(c'), squashed (adr/0002)."""
+    r = query(corpus, "--explain", "jwt signing")
+    hit = r.json["hits"][0]
+    ex = hit["explain"]
+    assert hit["id"] == "r1" and hit["retrieval"] == "hybrid" and ex["fusion"] == "z" and ex["alpha"] == 0.3
+    fused = 0.3 * ex["lexical"]["z"] + 0.7 * ex["vector"]["z"]
+    assert ex["fused"] == pytest.approx(1 / (1 + math.exp(-fused)), abs=1e-5)
+    assert hit["score"] == pytest.approx(ex["fused"], abs=1e-5)  # no importance set
+    scores = [h["score"] for h in r.json["hits"]]
+    assert scores == sorted(scores, reverse=True) and all(0 < s < 1 for s in scores)
+
+
+def test_z_scores_are_standardised_over_the_scope(corpus):
+    """z(b') of every record in scope has mean 0 and sd 1: check it against the lexical engine."""
+    mem = Memory.open(corpus)
+    hits = mem.query("payments invoice", k=10, explain=True, mode="lexical")["hits"]
+    engine = mem.snap.lexical_engine()
+    from nubos_memory.tokenize import tokenize
+
+    raw = engine.scores(tokenize("payments invoice"))
+    mean, sd = raw.mean(), raw.std()  # 6 records < 16: no neighbour context, b' = b
+    for h in hits:
+        assert h["explain"]["lexical"]["z"] == pytest.approx((h["explain"]["lexical"]["raw"] - mean) / sd, abs=1e-5)
+
+
 def test_alpha_fusion_and_explain(corpus):
-    r = query(corpus, "--explain", "--alpha", "0.6", "jwt signing")
+    r = query(corpus, "--explain", "--fusion", "alpha", "--alpha", "0.6", "jwt signing")
     hit = r.json["hits"][0]
     ex = hit["explain"]
     assert hit["id"] == "r1" and hit["retrieval"] == "hybrid"
@@ -120,6 +147,9 @@ def test_absent_vector_keeps_lexical_score(corpus):
     by_id = {h["id"]: h for h in r.json["hits"]}
     nv = by_id["nv1"]
     assert nv["retrieval"] == "bm25" and nv["explain"]["vector"] is None
+    assert nv["score"] == pytest.approx(1 / (1 + math.exp(-nv["explain"]["lexical"]["z"])), abs=1e-6)
+    alpha = query(corpus, "--explain", "--fusion", "alpha", "jwt signing").json["hits"]
+    nv = next(h for h in alpha if h["id"] == "nv1")
     assert nv["score"] == pytest.approx(nv["explain"]["lexical"]["normalised"], abs=1e-6)
     assert r.json["counts"]["pending"] == 1
     assert mem  # silence unused warning
@@ -132,8 +162,10 @@ def test_vector_only_hits_need_threshold(corpus):
     r = query(corpus, "--explain", "webhook")
     vec_hits = [h for h in r.json["hits"] if h["retrieval"] == "vector"]
     assert vec_hits and all(h["explain"]["lexical"]["raw"] == 0 for h in vec_hits)
-    assert all(h["score"] == pytest.approx((1 - h["explain"]["alpha"]) * h["explain"]["vector"]["cosine"], abs=1e-5)
-               for h in vec_hits)
+    for h in vec_hits:
+        ex = h["explain"]
+        fused = 0.3 * ex["lexical"]["z"] + 0.7 * ex["vector"]["z"]
+        assert h["score"] == pytest.approx(1 / (1 + math.exp(-fused)), abs=1e-5)
     write_config(corpus, threshold=0.99)
     assert [h for h in query(corpus, "webhook").json["hits"] if h["retrieval"] == "vector"] == []
     assert low.code == 0

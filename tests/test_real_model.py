@@ -22,6 +22,12 @@ def embedder():
     return ModelEmbedder(DEFAULT_MODEL)
 
 
+@pytest.fixture(scope="module")
+def torch_embedder():
+    """The reference runtime: sentence-transformers on torch."""
+    return ModelEmbedder(DEFAULT_MODEL, runtime="torch")
+
+
 @pytest.fixture
 def real(tmp_path, embedder):
     root = tmp_path / "real"
@@ -73,35 +79,35 @@ def test_rebuild_with_real_vectors_is_deterministic(real):
     assert digests() == second == first
 
 
-def test_long_record_is_embedded_whole_not_truncated(embedder):
+def test_long_record_is_embedded_whole_not_truncated(torch_embedder):
     """Text past MiniLM's 256-wordpiece window still counts: pieces are embedded and pooled."""
     filler = " ".join(f"The billing service retries webhook delivery attempt {i} with backoff." for i in range(40))
     text = "Billing service notes\n" + filler + " Quokkas live on Rottnest Island off the coast of Perth."
-    pieces, _ = embedder.pieces([text])
+    pieces, _ = torch_embedder.pieces([text])
     assert len(pieces) >= 2 and all(p.startswith("Billing service notes\n") for p in pieces)
-    model = embedder.runtime().model
+    model = torch_embedder.runtime().model
     truncated = model.encode([text], normalize_embeddings=True)[0]  # what truncation would store
-    pooled = embedder.embed([text])[0]
-    q = embedder.embed(["where do quokkas live?"])[0]
+    pooled = torch_embedder.embed([text])[0]
+    q = torch_embedder.embed(["where do quokkas live?"])[0]
     assert q @ pooled > q @ truncated + 0.05
     short = "Release pipeline\nmanual via workflow_dispatch"
-    assert np.allclose(embedder.embed([short])[0], model.encode([short], normalize_embeddings=True)[0], atol=1e-6)
+    assert np.allclose(torch_embedder.embed([short])[0], model.encode([short], normalize_embeddings=True)[0], atol=1e-6)
 
 
-def test_one_short_text_skips_encode_and_gives_the_same_vector(embedder, monkeypatch):
+def test_one_short_text_skips_encode_and_gives_the_same_vector(torch_embedder, monkeypatch):
     """A query (one text that fits the window) runs the model's modules directly: no call to
     encode(), the vector encode() would give. Several texts, or one too long, still use encode()."""
-    model = embedder.runtime().model
+    model = torch_embedder.runtime().model
     texts = ["how do I ship a build?", "Release pipeline\nmanual via workflow_dispatch"]
     expected = model.encode(texts, normalize_embeddings=True)
     calls = []
     real_encode = model.encode
     monkeypatch.setattr(model, "encode", lambda *a, **kw: calls.append(len(a[0])) or real_encode(*a, **kw))
-    one = np.vstack([embedder.embed([t]) for t in texts])
+    one = np.vstack([torch_embedder.embed([t]) for t in texts])
     assert calls == [] and one.dtype == np.float32
     assert np.allclose(one, expected, atol=1e-5)
-    embedder.embed(texts)
-    embedder.embed(["word " * 400])
+    torch_embedder.embed(texts)
+    torch_embedder.embed(["word " * 400])
     assert calls == [2, 2]  # the batch; the long text, cut into two pieces
 
 

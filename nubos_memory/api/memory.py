@@ -80,7 +80,8 @@ class Memory:
     def embedder(self) -> Embedder:
         """The configured embedder (constructed on first use; the model loads on first embed)."""
         if self._embedder is None:
-            self._embedder = make_embedder(self.config.provider, self.config.model)
+            self._embedder = make_embedder(self.config.provider, self.config.model, self.config.runtime,
+                                           self.config.device)
         return self._embedder
 
     def use_embedder(self, embedder: Embedder | None) -> None:

@@ -92,6 +92,7 @@ def collect_stats(mem: "Memory") -> Stats:
         "model": embedding.get("model") or cfg.model if manifest else cfg.model,
         "provider": embedding.get("provider") or cfg.provider,
         "configured_model": cfg.model,
+        "runtime": mem.embedder.runtime_info(),
         "schema_version": SCHEMA_VERSION,
         "alpha": cfg.alpha,
         "threshold": cfg.threshold,

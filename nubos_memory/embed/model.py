@@ -15,6 +15,9 @@ any other with the same four operations) only tokenises and encodes pieces.
 
 from __future__ import annotations
 
+import os
+import platform
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,16 +52,38 @@ class Runtime(Protocol):
         """Unit vectors, float32, of texts that each fit the window."""
 
 
+def gpu_device() -> str | None:
+    """A GPU this machine has, told without importing torch: ``cuda`` (an NVIDIA driver), ``mps``
+    (Apple silicon), or None."""
+    if os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl"):
+        return "cuda"
+    if sys.platform == "darwin" and platform.machine() == "arm64":
+        return "mps"
+    return None
+
+
+BATCH_ON_GPU = 16  # texts in one embed call from which a GPU (when there is one) does the work
+
+
 class ModelEmbedder(Embedder):
-    """A local sentence-transformers model (``memory.provider: local``)."""
+    """A local sentence-transformers model (``memory.provider: local``), run by the runtime its
+    settings ask for (adr/0012): ``runtime`` ``auto`` (ONNX on the CPU when the model can run there
+    exactly, else torch), ``onnx`` or ``torch``; ``device`` ``auto`` (a GPU for batches when there is
+    one), ``cpu``, ``cuda`` or ``mps``.  Every runtime gives the same vectors (within float rounding),
+    so the runtime is not part of the fingerprint."""
 
     provider = "local"
     pooling = f"window-mean-first{FIRST_PIECE_WEIGHT:g}"
 
-    def __init__(self, model_id: str, batch_size: int = 32):
+    def __init__(self, model_id: str, batch_size: int = 32, runtime: str = "auto", device: str = "auto"):
         super().__init__(model_id)
         self.batch_size = batch_size
+        self.runtime_choice = runtime
+        self.device_choice = device
         self._runtime: Runtime | None = None
+        self._batch_runtime: Runtime | None = None  # torch on a GPU for large batches, when there is one
+        self._why: str = ""
+        self._batch_why: str = ""
         self._dim: int | None = None
         self._digest: tuple[str | None] | None = None  # memoised: the files of the model this process uses
 
@@ -81,10 +106,67 @@ class ModelEmbedder(Embedder):
             self._digest = (digest(folder) if folder is not None else None,)
         return self._digest[0]
 
-    def _make_runtime(self, location: str, downloads: bool) -> Runtime:
+    # -- which runtime -----------------------------------------------------------------------
+    def plan(self) -> dict[str, Any]:
+        """Which runtime and device embed, and why, told without loading anything (``memory-stats``)."""
+        if self._runtime is not None:
+            return self.runtime_info()
+        folder = self.folder()
+        device = self._device()
+        batches = f"torch on {device} for batches of {BATCH_ON_GPU}+ texts" if device != "cpu" else None
+        if self.runtime_choice == "torch":
+            return {"runtime": "torch", "device": device, "why": "memory.runtime is torch"}
+        if folder is None:
+            return {"runtime": "torch", "device": device, "why": "the model is not a local folder (torch fetches it)"}
+        from .onnx_export import state
+        from .onnx_runtime import Unsupported, describe_folder
+
+        try:
+            describe_folder(folder)
+        except Unsupported as exc:
+            return {"runtime": "torch", "device": device, "why": f"ONNX cannot run this model exactly: {exc}"}
+        status, why, _ = state(self.files_digest() or "")
+        if status == "refused":
+            return {"runtime": "torch", "device": device, "why": why}
+        return {"runtime": "onnx", "device": "cpu", "status": status, "why": why, "batches": batches}
+
+    def _device(self) -> str:
+        if self.device_choice != "auto":
+            return self.device_choice
+        return gpu_device() or "cpu"
+
+    def _make_runtime(self, folder: Path | None, downloads: bool) -> Runtime:
+        """The runtime for single texts (and for batches without a GPU), and why it was chosen."""
         from .torch_runtime import TorchRuntime
 
-        return TorchRuntime(location, downloads=downloads, batch_size=self.batch_size)
+        location = str(folder) if folder is not None else self.model_id
+        device = self._device()
+        if self.runtime_choice == "torch" or folder is None:
+            self._why = "memory.runtime is torch" if folder is not None else "the model is not a local folder"
+            return TorchRuntime(location, device=device, downloads=downloads, batch_size=self.batch_size)
+        from .onnx_export import export, refuse, state
+        from .onnx_runtime import OnnxRuntime, Unsupported, describe_folder
+
+        digest_ = self.files_digest() or ""
+        try:
+            describe_folder(folder)
+            status, why, path = state(digest_)
+            if status != "ready" or path is None:
+                path = export(folder, digest_)
+                why = state(digest_)[1]
+            self._why = why
+            return OnnxRuntime(folder, path, batch_size=self.batch_size)
+        except Unsupported as exc:
+            self._why = f"ONNX cannot run this model exactly: {exc}"
+        except EmbeddingError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an export that fails for any reason: torch, and say why
+            self._why = f"the ONNX export failed ({type(exc).__name__}: {str(exc)[:200]})"
+            try:
+                refuse(digest_, self._why)
+            except OSError:
+                pass
+        return TorchRuntime(location, device=device, downloads=downloads, batch_size=self.batch_size)
 
     def runtime(self) -> Runtime:
         """The loaded runtime (loading the model on first use)."""
@@ -100,7 +182,7 @@ class ModelEmbedder(Embedder):
                 code="embedding-unavailable", details={"model": self.model_id, "downloads": False})
         self._digest = None  # hash the files as they are now, when they are read
         self.files_digest()
-        runtime = self._make_runtime(str(folder) if folder is not None else self.model_id, downloads)
+        runtime = self._make_runtime(folder, downloads)
         try:
             runtime.load()
         except EmbeddingError as exc:
@@ -113,6 +195,26 @@ class ModelEmbedder(Embedder):
         self._runtime = runtime
         return runtime
 
+    def batch_runtime(self, count: int) -> Runtime:
+        """The runtime for ``count`` texts: torch on the GPU for large batches when there is one (and
+        it works), else the single-text runtime."""
+        single = self.runtime()
+        device = self._device()
+        if count < BATCH_ON_GPU or device == "cpu" or single.device == device:
+            return single
+        if self._batch_runtime is None and not self._batch_why:
+            from .torch_runtime import TorchRuntime
+
+            gpu = TorchRuntime(str(self.folder() or self.model_id), device=device, downloads=allow_downloads(),
+                               batch_size=max(self.batch_size, 128))
+            try:
+                gpu.load()
+                self._batch_runtime = gpu
+                self._batch_why = f"batches of {BATCH_ON_GPU}+ texts on {device}"
+            except EmbeddingError as exc:
+                self._batch_why = f"no {device} for batches: {exc.message[:200]}"
+        return self._batch_runtime or single
+
     @property
     def dim(self) -> int:
         known = self.known_dim()
@@ -122,38 +224,51 @@ class ModelEmbedder(Embedder):
 
     def runtime_info(self) -> dict[str, Any]:
         rt = self._runtime
-        return {"runtime": rt.name if rt else None, "device": rt.device if rt else None}
+        if rt is None:
+            return self.plan()
+        info: dict[str, Any] = {"runtime": rt.name, "device": rt.device, "why": self._why}
+        if self._batch_runtime is not None or self._batch_why:
+            info["batches"] = self._batch_why
+        return info
 
     def pieces(self, texts: list[str]) -> tuple[list[str], list[int]]:
         """Every text cut to fit the model's window, and the text each piece belongs to."""
-        runtime = self.runtime()
-        pieces: list[str] = []
-        owner: list[int] = []
-        for i, (text, starts) in enumerate(zip(texts, runtime.token_starts(texts))):
-            for piece in split_for_window(text, starts, runtime.window):
-                pieces.append(piece)
-                owner.append(i)
-        return pieces, owner
+        return pieces_for(self.runtime(), texts)
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        runtime = self.runtime()
+        runtime = self.batch_runtime(len(texts))
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         try:
-            if len(texts) == 1:  # a query: most fit the window, and the runtime says when one does not
-                starts = runtime.token_starts(texts)[0]
-                if len(starts) <= runtime.window:
-                    return runtime.encode(texts)
-            pieces, owner = self.pieces(texts)
-            vecs = runtime.encode(pieces)
+            return embed_with(runtime, texts)
         except EmbeddingError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of the model: embedding-failed
             raise EmbeddingError(f"embedding failed: {type(exc).__name__}: {exc}"[:500],
                                  code="embedding-failed", details={"model": self.model_id}) from None
-        if len(pieces) == len(texts):  # everything fit the window: nothing to pool
-            return vecs
-        return pool_pieces(vecs, np.asarray(owner), len(texts))
+
+
+def pieces_for(runtime: Runtime, texts: list[str]) -> tuple[list[str], list[int]]:
+    """Every text cut into pieces that fit the runtime's window (``chunking.split_for_window``, at its
+    tokenizer's token offsets), and the text each piece belongs to."""
+    pieces: list[str] = []
+    owner: list[int] = []
+    for i, (text, starts) in enumerate(zip(texts, runtime.token_starts(texts))):
+        for piece in split_for_window(text, starts, runtime.window):
+            pieces.append(piece)
+            owner.append(i)
+    return pieces, owner
+
+
+def embed_with(runtime: Runtime, texts: list[str]) -> np.ndarray:
+    """One unit vector per text: texts that fit the window as they are, longer ones in pooled pieces."""
+    if len(texts) == 1 and len(runtime.token_starts(texts)[0]) <= runtime.window:  # most queries fit
+        return runtime.encode(texts)
+    pieces, owner = pieces_for(runtime, texts)
+    vecs = runtime.encode(pieces)
+    if len(pieces) == len(texts):  # everything fit the window: nothing to pool
+        return vecs
+    return pool_pieces(vecs, np.asarray(owner), len(texts))
 
 
 def pool_pieces(vecs: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
@@ -164,4 +279,9 @@ def pool_pieces(vecs: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
     pooled = np.zeros((n, vecs.shape[1]), dtype=np.float64)
     np.add.at(pooled, owner, vecs * weights[:, None])
     pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-    return pooled.astype(np.float32)
+    out = pooled.astype(np.float32)
+    single = np.bincount(owner, minlength=n) == 1  # a text of one piece keeps its vector bit for bit
+    firsts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    rows = firsts[single[owner[firsts]]]
+    out[owner[rows]] = vecs[rows]
+    return out

@@ -28,7 +28,7 @@ from ..fsio import DIR_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads, 
 from ..limits import DEFAULT_MODEL
 from ..userdirs import DOWNLOADS_ENV, allow_downloads, user_cache_dir
 
-__all__ = ["DOWNLOADS_ENV", "allow_downloads", "digest", "locate", "model_files", "packaged_model_path"]
+__all__ = ["DOWNLOADS_ENV", "allow_downloads", "digest", "file_hash", "locate", "model_files", "packaged_model_path"]
 
 HASHES_FILE = "file-hashes.json"
 # Files that decide the vectors; READMEs, training-data notes and other runtimes' exports do not.
@@ -119,6 +119,15 @@ class _HashCache:
             atomic_write_bytes(self.path, dumps(self.entries))
         except OSError:
             pass  # only a cache: the next process hashes again
+
+
+def file_hash(path: Path) -> str:
+    """The sha256 of a file, re-computed only when its size, mtime or inode changed."""
+    cache = _HashCache()
+    try:
+        return cache.sha256(path)
+    finally:
+        cache.save()
 
 
 def digest(folder: Path) -> str | None:

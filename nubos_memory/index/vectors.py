@@ -22,6 +22,7 @@ import numpy as np
 EXACT_LIMIT = 5_000
 HNSW_SEED = 100
 OVERFETCH_MAX = 512  # HNSW still serves a query that excludes at most this many rows
+KAPPA_MIN_ROWS = 16  # fewer rows than this are too few to tell their order's coherence from chance
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,37 @@ def load_hnsw(path: Path, dim: int, capacity: int = 0) -> Any:
     index = hnswlib.Index(space="cosine", dim=dim)
     index.load_index(str(path), max_elements=capacity)
     return index
+
+
+def order_stats(vectors: np.ndarray, previous: dict[str, Any] | None = None,
+                last_row: np.ndarray | None = None) -> dict[str, Any]:
+    """Running sums of the stored vectors in label order, from which ``kappa`` follows: their count,
+    their sum, and the sum of the cosines of adjacent rows.  With ``previous`` (the sums of the
+    rows before these) and ``last_row`` (the last of them), the sums are extended in O(new rows)."""
+    v = np.asarray(vectors, dtype=np.float64)
+    count = len(v)
+    total = v.sum(axis=0) if count else np.zeros(v.shape[1] if v.ndim == 2 else 0)
+    adjacent = float(np.einsum("ij,ij->", v[:-1], v[1:])) if count > 1 else 0.0
+    if previous is not None and previous.get("rows"):
+        if last_row is not None and count:
+            adjacent += float(np.dot(np.asarray(last_row, dtype=np.float64), v[0]))
+        count += int(previous["rows"])
+        total = total + np.asarray(previous["sum"], dtype=np.float64)
+        adjacent += float(previous["adjacent"])
+    return {"rows": count, "sum": [float(x) for x in total], "adjacent": adjacent}
+
+
+def kappa(stats: dict[str, Any] | None) -> float:
+    """How much label (log) order carries topic: the mean cosine of adjacent rows minus the mean
+    cosine of all pairs, ``(|Σv|² − N) / (N(N − 1))`` for unit vectors (search/neighbours.py)."""
+    if not stats:
+        return 0.0
+    n = int(stats.get("rows") or 0)
+    if n < KAPPA_MIN_ROWS:  # too few to tell order from chance: no context
+        return 0.0
+    total = np.asarray(stats["sum"], dtype=np.float64)
+    all_pairs = (float(total @ total) - n) / (n * (n - 1))
+    return float(stats["adjacent"]) / (n - 1) - all_pairs
 
 
 class VectorIndex:

@@ -76,6 +76,9 @@ def select_files(paths: list[str], root: Path, include: list[str], exclude: list
             files[rel] = path
 
     for arg in paths:
+        if not isinstance(arg, str) or not arg or "\x00" in arg or len(arg) > 4096:
+            raise InputError(f"{str(arg)[:200]!r} is not a path (empty, too long, or with a NUL byte)",
+                             code="ingest-path-invalid", details={"path": str(arg)[:200]})
         given = Path(arg)
         path = given if given.is_absolute() else root / given  # relative to the project, never the cwd
         path = Path(os.path.normpath(path))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DisabledError, UsageError, failure
 from ..fsio import dumps, printable
-from ..limits import FORMAT_ALIASES, FORMATS, FUSIONS, MODES, PROVENANCES
+from ..limits import EVAL_MODES, FORMAT_ALIASES, FORMATS, FUSIONS, MODES, PROVENANCES
 from .verbs import VERBS, Context, Request, prepare, run
 
 if TYPE_CHECKING:
@@ -96,9 +96,15 @@ def _arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--idle-timeout", type=float, default=0.0,
                        help="stop after this many seconds without a request (default: never)")
     elif name == "memory-eval":
-        p.add_argument("--beir", required=True, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv")
+        p.add_argument("--beir", required=True, nargs="+", metavar="DIR",
+                       help="BEIR folder(s): corpus.jsonl, queries.jsonl, qrels/<split>.tsv; several are scored "
+                            "one memory each and averaged over their questions")
         p.add_argument("--split", default="test")
-        p.add_argument("--mode", choices=("lexical", "vector", "hybrid", "rrf", "all"), default="all")
+        p.add_argument("--mode", choices=(*EVAL_MODES, "all"), default="all",
+                       help="hybrid: the configured fusion; alpha, rrf: the other fusions; or one side")
+        p.add_argument("--keep-identical-ids", action="store_true",
+                       help="count a hit whose id equals the query's id (BEIR's protocol drops it)")
+        p.add_argument("--report", metavar="FILE", help="also write the results as a markdown table")
         p.add_argument("--k", type=int, default=10)
         p.add_argument("--alpha", type=float)
         p.add_argument("--max-queries", type=int, help="evaluate only the first N judged queries")

@@ -255,15 +255,26 @@ def _stats(ctx: Context, request: Request) -> Any:
 def _eval(ctx: Context, request: Request) -> Any:
     from pathlib import Path
 
-    from ..api.evaluate import MODES, evaluate
+    from ..api.evaluate import MODES, evaluate, markdown_report
     from ..config import load_project
 
     mode = request.get("mode") or "all"
     modes = MODES if mode == "all" else (mode,)
     config = load_project(request.get("root")).config.to_dict()
-    return evaluate(config, Path(request["beir"]), split=request.get("split") or "test", modes=modes,
-                    k=request.get("k", 10), alpha=request.get("alpha"), max_queries=request.get("max_queries"),
-                    cache=not request.get("no_cache"), progress=ctx.progress)
+    beir = request.get("beir") or []
+    folders = [Path(p) for p in ([beir] if isinstance(beir, str) else beir)]
+    result = evaluate(config, folders, split=request.get("split") or "test", modes=modes,
+                      k=request.get("k", 10), alpha=request.get("alpha"), max_queries=request.get("max_queries"),
+                      cache=not request.get("no_cache"), ignore_identical_ids=not request.get("keep_identical_ids"),
+                      progress=ctx.progress)
+    if request.get("report"):
+        try:
+            Path(request["report"]).write_text(markdown_report(result, request.get("k", 10)))
+        except OSError as exc:
+            raise InputError(f"cannot write the report {request['report']!r}: {exc.strerror}",
+                             code="report-unwritable", details={"path": request["report"]}) from None
+        result["report"] = request["report"]
+    return result
 
 
 @verb("memory-serve", "keep this memory warm and answer the other verbs over a Unix socket", served=False)

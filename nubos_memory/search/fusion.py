@@ -1,31 +1,45 @@
 """Fusing the lexical and the vector signal into one ranking.
 
-``alpha`` fusion (default)::
+``z`` fusion (default; adr/0002 has the data that chose it)::
+
+    score = w · z(b') + (1 − w) · z(c')     both signals exist        (w = memory.alpha, 0.3)
+    score = z(b')                          no vector for the record (absent, not zero)
+
+``b'`` and ``c'`` are a record's BM25 and cosine with its neighbours' context
+(``neighbours.py``), and ``z`` standardises each side by its mean and standard
+deviation over the query's scope, so the two are on one scale whatever the
+corpus: no per-corpus α, and a weak side spreads its scores thin instead of
+drowning the strong one.  A candidate is admitted if it has a lexical score or
+its cosine reaches the threshold.  The fused value is squashed into (0, 1) by
+the logistic function for display (``squash``); the order is unchanged.
+
+``alpha`` fusion (0.1's default, still available)::
 
     score = α · norm(bm25) + (1 − α) · cosine      both signals exist
     score = norm(bm25)                              no vector for the record (absent, not zero)
     score = (1 − α) · cosine                        no shared term; kept only if cosine ≥ threshold
 
-Both scores are exact for every candidate: a record outside one side's
-top-N still gets its real BM25 score and its real cosine.  ``norm`` divides
-by ``max(best, S(q))`` where ``best`` is the best BM25 score among the records
-the filters allow and ``S(q)`` is the query's self-score (what the query
-itself would score as a document of average length, ``lexical.py``): a strong
-best match maps to 1.0, a weak best match is not inflated to 1.0 (see
-adr/0002 for the SciFact numbers).
+where ``norm`` divides by ``max(best, S(q))``: ``best`` is the best BM25 score
+among the records the filters allow and ``S(q)`` the query's self-score.
 
 ``rrf`` fusion: Σ 1/(k + rank) over the lists that hold the candidate, k=60.
 
+Both scores are exact for every candidate: a record outside one side's top-N
+still gets its real BM25 score and its real cosine.
+
 ``importance`` (a record's 0–1 weight, e.g. from a memory file's frontmatter)
-multiplies the fused score by ``0.9 + 0.2·importance`` (1.0 when unset).  It is
-applied after fusion and the threshold, so it never brings in a record that
-fusion did not keep, and it can only swap two hits whose fused scores are
-within a factor of 1.1/0.9 ≈ 1.22 of each other (adr/0009).
+multiplies the (positive) score by ``0.9 + 0.2·importance`` (1.0 when unset).
+It is applied after fusion and admission, so it never brings in a record that
+fusion did not keep, and it can only swap two hits whose scores are within a
+factor of 1.1/0.9 ≈ 1.22 of each other (adr/0009).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 RRF_K = 60
 IMPORTANCE_SPAN = 0.2  # factor range: 1 ± span/2
@@ -43,6 +57,18 @@ def bm25_normaliser(best: float, self_score: float) -> float:
     return max(best, self_score, 1e-12)
 
 
+def zscore_stats(values: np.ndarray) -> tuple[float, float]:
+    """Mean and standard deviation (floored, so a flat side cannot divide by zero)."""
+    if len(values) == 0:
+        return 0.0, 1.0
+    return float(values.mean()), max(float(values.std()), 1e-9)
+
+
+def squash(fused: float) -> float:
+    """A fused z-score as a score in (0, 1): the logistic function (monotonic)."""
+    return 1.0 / (1.0 + math.exp(-max(min(fused, 50.0), -50.0)))
+
+
 @dataclass
 class Candidate:
     """One record's signals for a query (``cosine`` None = no vector: absent)."""
@@ -53,9 +79,31 @@ class Candidate:
     cosine: float | None
     lexical_rank: int | None = None
     vector_rank: int | None = None
+    lexical_context: float = 0.0  # b': BM25 with the neighbours' context
+    lexical_z: float = 0.0
+    cosine_context: float | None = None  # c'
+    cosine_z: float | None = None
     score: float = 0.0
     fused: float = 0.0  # the score before importance
     retrieval: str = "bm25"
+
+
+def fuse_z(cands: list[Candidate], weight: float, threshold: float) -> list[Candidate]:
+    """Score candidates by z fusion; admit those with a lexical score or a cosine ≥ threshold."""
+    kept = []
+    for c in cands:
+        lexical = c.lexical_raw > 0  # its own terms: a neighbour's context never admits a record
+        if c.cosine is None or c.cosine_z is None:
+            if not lexical:
+                continue
+            c.score, c.retrieval = c.lexical_z, "bm25"
+        elif lexical or c.cosine >= threshold:
+            c.score = weight * c.lexical_z + (1 - weight) * c.cosine_z
+            c.retrieval = "hybrid" if lexical else "vector"
+        else:
+            continue
+        kept.append(c)
+    return kept
 
 
 def fuse_alpha(cands: list[Candidate], alpha: float, threshold: float) -> list[Candidate]:

@@ -1,15 +1,45 @@
-"""The query path: filter → candidates from both sides → exact scores → fusion → top-k."""
+"""The query path: filter → both signals, with neighbour context → candidates → fusion → top-k.
+
+1. **Filters** give the scope: the live records the query may return.
+2. **Lexical**: BM25 of every record (``index/lexical.py``), then each record's
+   context from its neighbours in the log (``neighbours.py``): ``b'``.
+3. **Vector**: the query's cosine with the records' stored vectors, and the
+   same context: ``c'``.  Up to ``EXACT_LIMIT`` records every cosine is
+   computed; above, HNSW proposes candidates and a fixed sample of the scope
+   (1,000 records) stands in for the distribution.
+4. **Candidates**: the 100 best by ``b'`` (records with a lexical score) and
+   the 100 best by cosine with their neighbours; each gets both scores exactly.
+   A record is admitted if it has a lexical score or its cosine reaches the
+   threshold (0.25).
+5. **Fusion** (``fusion.py``; default ``z``): each side as a z-score over the
+   scope for this query, ``w·z(b') + (1 − w)·z(c')`` with ``w = memory.alpha``
+   (0.3); a record without a vector keeps its lexical z-score alone (absent,
+   not zero).  The hit's ``score`` is the fused value squashed into (0, 1)
+   by the logistic function, times the record's importance factor.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from ..errors import EmbeddingError, StoreError
+from ..index import vectors as vector_index
 from ..tokenize import tokenize
 from .dedup import collapse as collapse_near
-from .fusion import Candidate, bm25_normaliser, fuse_alpha, fuse_rrf, importance_factor
+from .fusion import (
+    Candidate,
+    bm25_normaliser,
+    fuse_alpha,
+    fuse_rrf,
+    fuse_z,
+    importance_factor,
+    squash,
+    zscore_stats,
+)
+from .neighbours import CONTEXT_LEXICAL, CONTEXT_VECTOR, with_context
 from .snapshot import Snapshot, VectorState
 
 if TYPE_CHECKING:
@@ -19,6 +49,7 @@ if TYPE_CHECKING:
     from ..types import Hit, QueryResult
 
 QUERY_EMBED_BUDGET_S = 1.0  # the most a query spends embedding records that have no vector yet
+STATS_SAMPLE = 1000  # records whose cosine stands in for the distribution in a large scope
 
 
 class Searchable(Protocol):
@@ -43,36 +74,82 @@ def _top(positions: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
     return positions[np.lexsort((positions, -scores))]
 
 
-def _vector_side(mem: Searchable, state: VectorState, text: str, scope: np.ndarray, allowed: np.ndarray | None,
-                 n_cand: int, lex_rank: dict[int, int]) -> tuple[dict[int, float], dict[int, int], int]:
-    """The vector candidates' ranks, the exact cosine of every candidate (both sides'), and how many
-    records in scope have no vector yet."""
+@dataclass
+class VectorSide:
+    """The query's cosines: ``cos`` by position where ``known``, plus what ranking needs."""
+
+    cos: np.ndarray
+    known: np.ndarray  # bool by position: the cosine was computed (the record has a vector)
+    rank: dict[int, int] = field(default_factory=dict)  # vector candidates: position -> rank by cosine
+    mean: float = 0.0
+    sd: float = 1.0
+    pending: int = 0
+
+
+def _vector_side(mem: Searchable, state: VectorState, text: str, scope: np.ndarray, n_cand: int,
+                 prev: np.ndarray, nxt: np.ndarray, g: float, lex_cands: np.ndarray) -> VectorSide:
+    """Cosines of the candidates (vector top-n_cand, their neighbours, the lexical candidates), and
+    the mean and sd of ``c'`` over the scope (every record's up to ``EXACT_LIMIT``, else a sample)."""
     q = mem.embedder.embed([text])[0]
     index, labels = state.index, state.labels
-    with_vec = scope[labels[scope] >= 0]
-    scored: list[tuple[float, int]] = []
-    if index is not None and len(with_vec):
-        whole = len(with_vec) == len(index)  # every row of the index is a candidate
-        top_labels, top_sims = index.top(q, n_cand, None if whole else labels[with_vec])
-        top_pos = mem.snap.positions_of(top_labels)
-        scored = [(sim, p) for p, sim in zip(top_pos.tolist(), top_sims.tolist()) if p >= 0]
-    extra = list(state.extra)  # embedded for this answer only: usually none
-    if extra and allowed is not None:
-        allowed_set = set(allowed.tolist())
-        extra = [p for p in extra if p in allowed_set]
-    scored += [(float(np.dot(state.extra[p], q)), p) for p in extra]
-    scored.sort(key=lambda t: (-t[0], t[1]))
-    vec_rank = {p: i + 1 for i, (_, p) in enumerate(scored[:n_cand])}
-    cosine: dict[int, float] = {}
-    candidates = sorted(set(lex_rank) | set(vec_rank))
-    if index is not None:
-        with_label = [p for p in candidates if labels[p] >= 0]
-        for p, c in zip(with_label, index.cosines(labels[with_label], q).tolist()):
-            cosine[p] = c
-    for p in candidates:
-        if p in state.extra:
-            cosine[p] = float(np.dot(state.extra[p], q))
-    return cosine, vec_rank, int(len(scope) - len(with_vec) - len(extra))
+    n = len(labels)
+    cos = np.zeros(n, dtype=np.float64)
+    known = np.zeros(n, dtype=bool)
+    extra = np.array(sorted(state.extra), dtype=np.int64)  # embedded for this answer only: usually none
+
+    def compute(positions: np.ndarray) -> None:
+        todo = positions[~known[positions]]
+        if not len(todo):
+            return
+        with_label = todo[labels[todo] >= 0]
+        if index is not None and len(with_label):
+            cos[with_label] = index.cosines(labels[with_label], q)
+            known[with_label] = True
+        for p in todo[np.isin(todo, extra)].tolist():
+            cos[p] = float(np.dot(state.extra[p], q))
+            known[p] = True
+
+    has_vec = labels[scope] >= 0
+    if len(extra):
+        has_vec |= np.isin(scope, extra)
+    in_scope = scope[has_vec]
+    pending = int(len(scope) - len(in_scope))
+    side = VectorSide(cos, known, pending=pending)
+    if not len(in_scope):
+        return side
+
+    def neighbourhood(ps: np.ndarray) -> np.ndarray:
+        """Positions and, with context on, their neighbours (whose cosines context needs)."""
+        if g <= 0:
+            return ps
+        return np.unique(np.concatenate([ps, prev[ps][prev[ps] >= 0], nxt[ps][nxt[ps] >= 0]]))
+
+    if len(in_scope) <= vector_index.EXACT_LIMIT:
+        compute(neighbourhood(in_scope))
+        order = _top(in_scope, cos[in_scope], n_cand)
+        stats_of = in_scope
+    else:
+        whole = index is not None and len(in_scope) == len(index)
+        top_labels, _ = (index.top(q, n_cand, None if whole else labels[in_scope[labels[in_scope] >= 0]])
+                         if index is not None else (np.zeros(0, dtype=np.int64), None))
+        top = mem.snap.positions_of(top_labels)
+        top = np.concatenate([top[top >= 0], extra[np.isin(extra, scope)]])
+        rng = np.random.default_rng(len(in_scope))  # a fixed sample for a given memory size
+        stats_of = np.sort(rng.choice(in_scope, min(STATS_SAMPLE, len(in_scope)), replace=False))
+        compute(neighbourhood(np.unique(np.concatenate([top, stats_of]))))
+        order = _top(top, cos[top], n_cand)
+    side.rank = {int(p): i + 1 for i, p in enumerate(order)}
+    if g > 0:  # the vector candidates' neighbours in scope are candidates too
+        scoped = np.zeros(n, dtype=bool)
+        scoped[scope] = True
+        for p in order.tolist():
+            for nb in (prev[p], nxt[p]):
+                if nb >= 0 and known[nb] and scoped[nb]:
+                    side.rank.setdefault(int(nb), len(side.rank) + 1)
+    compute(lex_cands)
+    ctx = with_context(cos, stats_of, prev, nxt, CONTEXT_VECTOR * g, of=known)
+    side.mean, side.sd = zscore_stats(ctx)
+    return side
 
 
 def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: str | None, tags: list[str],
@@ -80,7 +157,7 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
               ) -> "QueryResult":
     """Answer one query; never fails because of the vector layer (it reports ``degraded``).
 
-    ``mode`` "lexical" or "vector" ranks by one signal only (used by memory-eval).  With
+    ``mode`` "lexical" or "vector" ranks by one signal only (with its neighbour context).  With
     ``collapse``, near duplicates among the hits (cosine ≥ ``memory.near_duplicate``) are one hit:
     the newest of them is shown, ranked and scored as the best of them, the others counted in
     its ``collapsed`` field (``dedup.collapse``).
@@ -93,7 +170,7 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
         "degraded": None,
         "query": {"text": text, "k": k, "fusion": fusion, "alpha": alpha, "threshold": cfg.threshold,
                   "filters": {"type": type, "phase": phase, "tags": tags}},
-        "counts": {"records": len(records), "candidates": 0, "pending": 0},
+        "counts": {"records": scan.live_count, "candidates": 0, "pending": 0},
         "warnings": scan.warnings(),
     }
     if mode != "hybrid":
@@ -106,63 +183,82 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
         return out  # an empty store or a term-less query never loads the model
     snap = mem.snap
     allowed = snap.allowed(type, phase, tags)
-    if allowed is not None and len(allowed) == 0:
+    scope = np.flatnonzero(snap.alive) if allowed is None else allowed
+    if len(scope) == 0:
         return out
     n_cand = max(cfg.candidates, k)
+    contextual = fusion == "z" or mode != "hybrid"  # alpha and rrf keep their plain signals
+    prev, nxt = snap.neighbours()
+    g = snap.context_gate() if contextual and cfg.context == "auto" else 0.0
 
     lexical = snap.lexical_engine()
     raw = lexical.scores(terms)
-    scope = np.arange(len(records)) if allowed is None else allowed
-    best = float(raw[scope].max())
+    lex_ctx = with_context(raw, np.arange(len(raw)), prev, nxt, CONTEXT_LEXICAL * g) if g > 0 else raw
+    in_scope = lex_ctx[scope]
+    lex_mean, lex_sd = zscore_stats(in_scope)
+    best = float(in_scope.max())
     divisor = bm25_normaliser(best, lexical.self_score(terms))
     lex_rank: dict[int, int] = {}
     if mode != "vector":
-        matching = scope[raw[scope] > 0]
-        lex_rank = {int(p): i + 1 for i, p in enumerate(_top(matching, raw[matching], n_cand))}
+        matching = scope[raw[scope] > 0]  # own terms; ranked with context
+        lex_rank = {int(p): i + 1 for i, p in enumerate(_top(matching, lex_ctx[matching], n_cand))}
 
-    cosine: dict[int, float] = {}
-    vec_rank: dict[int, int] = {}
+    vec: VectorSide | None = None
     state = None
     if mode != "lexical":
         state = mem.sync_vectors(allowed, budget_s=QUERY_EMBED_BUDGET_S)
         degraded = state.degraded
         if degraded is None:
             try:
-                cosine, vec_rank, pending = _vector_side(mem, state, text, scope, allowed, n_cand, lex_rank)
+                vec = _vector_side(mem, state, text, scope, n_cand, prev, nxt, g,
+                                   np.array(sorted(lex_rank), dtype=np.int64))
             except (StoreError, EmbeddingError) as exc:  # found only now (a graph checked on first use, the model)
                 degraded = exc.to_dict()
             else:
-                out["counts"]["pending"] = pending
-                if pending:
+                out["counts"]["pending"] = vec.pending
+                if vec.pending:
                     out["warnings"].append({
                         "code": "index-behind",
-                        "message": f"{pending} record(s) have no vector yet and were ranked lexically; later "
-                                   "queries index them in batches, or run memory-rebuild now",
+                        "message": f"{vec.pending} record(s) have no vector yet and were ranked lexically; "
+                                   "they are embedded in the background or by later writes, or run memory-rebuild",
                     })
         if degraded is not None:
             shown = {"code": degraded["code"], "message": degraded["message"]}
             if degraded.get("details"):
                 shown["details"] = degraded["details"]
             out["degraded"] = shown
-    cand_pos = sorted(set(lex_rank) | set(vec_rank))
 
-    cands = [
-        Candidate(position=p, lexical_raw=r, lexical_norm=r / divisor,
-                  cosine=cosine.get(p), lexical_rank=lex_rank.get(p), vector_rank=vec_rank.get(p))
-        for p, r in zip(cand_pos, raw[cand_pos].tolist() if cand_pos else [])
-    ]
+    cand_pos = np.array(sorted(set(lex_rank) | set(vec.rank if vec else ())), dtype=np.int64)
+    if vec is not None and len(cand_pos):
+        cos_ctx = with_context(vec.cos, cand_pos, prev, nxt, CONTEXT_VECTOR * g, of=vec.known)
+    cands = []
+    for i, p in enumerate(cand_pos.tolist()):
+        has = vec is not None and bool(vec.known[p])
+        cands.append(Candidate(
+            position=p, lexical_raw=float(raw[p]), lexical_norm=float(lex_ctx[p]) / divisor,
+            cosine=float(vec.cos[p]) if has and vec is not None else None,
+            lexical_rank=lex_rank.get(p), vector_rank=vec.rank.get(p) if vec else None,
+            lexical_context=float(lex_ctx[p]), lexical_z=(float(lex_ctx[p]) - lex_mean) / lex_sd,
+            cosine_context=float(cos_ctx[i]) if has else None,
+            cosine_z=(float(cos_ctx[i]) - vec.mean) / vec.sd if has and vec is not None else None))
     out["counts"]["candidates"] = len(cands)
     if mode == "vector":
         kept = []
         for c in cands:
-            if c.cosine is not None:
-                c.score, c.retrieval = c.cosine, "vector"
+            if c.cosine_context is not None and c.vector_rank is not None:
+                c.score, c.retrieval = c.cosine_context, "vector"
                 kept.append(c)
     elif mode == "lexical":
         kept = [c for c in cands if c.lexical_raw > 0]
         for c in kept:
             c.score, c.retrieval = c.lexical_norm, "bm25"
+    elif fusion == "z":
+        kept = fuse_z(cands, alpha, cfg.threshold)
+        for c in kept:
+            c.score = squash(c.score)
     elif fusion == "alpha":
+        for c in cands:  # today's rule on the plain signals
+            c.lexical_norm = c.lexical_raw / bm25_normaliser(float(raw[scope].max()), lexical.self_score(terms))
         kept = fuse_alpha(cands, alpha, cfg.threshold)
     else:
         kept = fuse_rrf(cands, cfg.threshold)
@@ -176,23 +272,26 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
     else:
         groups = [[c] for c in kept]
     for group in groups[:k]:
-        c = max(group, key=lambda g: g.position)  # the newest of near duplicates is shown
+        c = max(group, key=lambda g_: g_.position)  # the newest of near duplicates is shown
         rec = records[c.position]
         hit: Hit = {"id": rec["id"], "score": round(group[0].score, 6), "retrieval": c.retrieval, "record": rec}
         if len(group) > 1:
             hit["collapsed"] = {"count": len(group) - 1,
-                                "ids": [records[g.position]["id"] for g in group if g is not c]}
+                                "ids": [records[m.position]["id"] for m in group if m is not c]}
         if explain:
             hit["explain"] = {
-                "lexical": {"raw": round(c.lexical_raw, 6), "normalised": round(c.lexical_norm, 6),
+                "lexical": {"raw": round(c.lexical_raw, 6), "with_context": round(c.lexical_context, 6),
+                            "normalised": round(c.lexical_norm, 6), "z": round(c.lexical_z, 6),
                             "rank": c.lexical_rank},
-                "vector": None if c.cosine is None else {"cosine": round(c.cosine, 6), "rank": c.vector_rank},
+                "vector": None if c.cosine is None else {
+                    "cosine": round(c.cosine, 6), "with_context": round(c.cosine_context or 0.0, 6),
+                    "z": round(c.cosine_z or 0.0, 6), "rank": c.vector_rank},
                 "alpha": alpha,
                 "fusion": fusion,
+                "context_gate": round(g, 4),
                 "normaliser": round(divisor, 6),
                 "fused": round(c.fused, 6),
                 "importance": rec.get("importance"),
             }
         out["hits"].append(hit)
     return out
-

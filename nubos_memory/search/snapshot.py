@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import StoreError
 from ..index.lexical import PostingsBM25
 from ..index.vectors import VectorIndex
 from ..records import content_hash, embed_text, lexical_text
 from ..tokenize import tokenize
+from .neighbours import gate, live_neighbours
 
 if TYPE_CHECKING:
     from ..store.base import Store
@@ -76,6 +78,8 @@ class Snapshot:
         self._alive_deaths = 0
         self.labels = np.zeros(0, dtype=np.int64)
         self._inverse: np.ndarray | None = None
+        self._neighbours_key: Any = None
+        self._neighbours = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
     def refresh(self) -> LogScan:
         """Re-read what changed in ``records.jsonl`` and extend per-record data."""
@@ -159,6 +163,25 @@ class Snapshot:
                 tagged[self.tag_positions.get(tag, [])] = True
             mask &= tagged
         return np.flatnonzero(mask)
+
+    # -- neighbours ------------------------------------------------------------------
+    def neighbours(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each position's previous and next live position (-1: none), kept until the log changes."""
+        key = (len(self.alive), self._alive_deaths, self.scan.generation if self.scan else -1)
+        if self._neighbours_key != key:
+            self._neighbours = live_neighbours(self.alive)
+            self._neighbours_key = key
+        return self._neighbours
+
+    def context_gate(self) -> float:
+        """The memory's coherence gate g (``neighbours.py``), from the κ its manifest records; 0 when
+        there is none (no vectors yet, or a manifest that cannot be read)."""
+        try:
+            manifest = self.store.read_manifest()
+        except StoreError:
+            return 0.0
+        value = (manifest or {}).get("kappa")
+        return gate(float(value)) if isinstance(value, (int, float)) else 0.0
 
     # -- vectors -------------------------------------------------------------------
     def vectors(self) -> "tuple[Manifest | None, VectorIndex | None, np.ndarray]":

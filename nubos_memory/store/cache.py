@@ -33,7 +33,7 @@ from numpy.lib import format as npformat
 from ..errors import StoreError
 from ..faults import crash_point
 from ..fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, fsync_dir, fsync_path, loads, read_regular
-from ..index.vectors import EXACT_LIMIT, HnswParams, VectorIndex, build_hnsw, load_hnsw
+from ..index.vectors import EXACT_LIMIT, HnswParams, VectorIndex, build_hnsw, kappa, load_hnsw, order_stats
 from ..records import SCHEMA_VERSION, now_iso
 from ..trust import file_sha256, sign, verify
 from ..types import Manifest
@@ -278,6 +278,7 @@ class DerivedCache:
                     files[key] = {"name": path.name, "bytes": path.stat().st_size, "sha256": digests[key]}
                 fsync_dir(self.folder)
                 crash_point("commit-files-written")
+            order = self._order_stats(vectors, base, previous)
             now = now_iso()
             doc: dict[str, Any] = {
                 "format": CACHE_FORMAT,
@@ -291,6 +292,8 @@ class DerivedCache:
                 "files": files,
                 "covers": {"count": count, "digest": covers_digest(ids, hashes),
                            "last_id": ids[-1] if ids else None},
+                "order": order,  # running sums for the coherence of log order (search/neighbours.py)
+                "kappa": kappa(order),
                 "created_at": (previous or {}).get("created_at") or now,
                 "rebuilt_at": now if rebuilt else (previous or {}).get("rebuilt_at"),
                 "updated_at": now,
@@ -304,6 +307,16 @@ class DerivedCache:
             raise
         self.collect_garbage(keep=gen)
         return manifest
+
+    @staticmethod
+    def _order_stats(vectors: np.ndarray, base: VectorIndex | None, previous: Manifest | None) -> dict[str, Any]:
+        """The running sums of this generation's rows: extended from the base's when it is an append."""
+        if base is None or not len(base):
+            return order_stats(vectors)
+        before = (previous or {}).get("order")
+        if isinstance(before, dict) and before.get("rows") == len(base):
+            return order_stats(vectors, before, np.asarray(base.vectors[-1]))
+        return order_stats(np.concatenate([np.asarray(base.vectors, dtype=np.float32), vectors]))
 
     def collect_garbage(self, keep: str | None) -> list[str]:
         """Delete generations other than ``keep`` and stale temp files (under the lock)."""

@@ -1,0 +1,266 @@
+"""Exporting a model to ONNX once, checking it, and keeping it in this user's cache.
+
+The exported transformer lives in ``~/.cache/nubos-memory/onnx/<digest>/``
+(``$NUBOS_MEMORY_CACHE``), keyed by the digest of the model's files
+(``modelfiles.digest``): never inside a project, so a clone cannot plant a
+model, and a changed model gets a new export.  The folder and its files are
+owner-only.  ``export.json`` records the files' sha256 and the parity check,
+signed with this user's key (``trust.py``); an export is used only when the
+signature and the hashes check (a file's hash is re-computed whenever its
+size, mtime or inode changed) and its parity passed.
+
+*Parity*: before an export is used, the product's own embedding path (pieces,
+pooling) run by ONNX and by torch must give vectors with cosine ≥ 0.99999
+on a fixed probe set (short and long texts, several languages and scripts,
+code).  Otherwise the export is refused, recorded as refused, and torch is
+used (``memory-stats`` says why).  Exporting needs torch (``torch.onnx.export``,
+the dynamo exporter, falling back to the TorchScript one); running it does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..fsio import DIR_MODE, FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
+from ..records import now_iso
+from ..trust import sign, verify
+from ..userdirs import user_cache_dir
+from .modelfiles import file_hash
+from .onnx_runtime import OnnxRuntime, Unsupported, describe_folder
+
+RECIPE = 1  # the export recipe's version: a new one makes old exports stale
+PARITY_MIN = 0.99999
+FILES = ("model.onnx", "model.onnx.data")
+META = "export.json"
+
+_EN = ("Releases are cut by hand: trigger the release workflow from the Actions tab with the version input; "
+       "nothing publishes on tag push, and production follows the staging smoke test. ")
+_DE = ("Die Bereitstellung erfolgt manuell über den Workflow im Aktionen-Reiter; Größenänderungen der Datenbank "
+       "müssen vorher geprüft werden. ")
+_ZH = "发布需要手动触发：在操作页面启动发布工作流并输入版本号；推送标签不会发布任何内容。"
+_JA = "リリースは手動で行います。アクションタブからバージョンを入力してワークフローを起動してください。"
+PROBES = (
+    "how do I ship a build?", "jwt", "Why does the CI cache miss after a pnpm upgrade?",
+    "Wie deploye ich das Release in die Produktion? Größe, Straße", "Comment déployer la version ? Où est le café ?",
+    "如何发布构建？", "ビルドをリリースするにはどうすればいいですか？", "빌드를 어떻게 배포하나요?", "Как выпустить сборку?",
+    "ship it 🚀 — done ✅", "x = foo(bar[0], **kw) if a != b else None  # comment", "",
+    "Release process:\n" + _EN * 9, "Bereitstellung:\n" + _DE * 10, "发布流程:\n" + _ZH * 8, "リリース手順:\n" + _JA * 8,
+)
+
+
+def root() -> Path:
+    return user_cache_dir() / "onnx"
+
+
+def folder_for(digest: str) -> Path:
+    return root() / digest
+
+
+def _read_meta(where: Path) -> dict[str, Any] | None:
+    try:
+        doc = loads(read_regular(where / META))
+    except (OSError, JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def state(digest: str) -> tuple[str, str, Path | None]:
+    """``(status, why, model.onnx)`` of the export for a model digest, without loading anything:
+    ``ready``, ``missing``, ``refused`` (parity failed or the model cannot be exported) or
+    ``damaged`` (a file or the record does not check)."""
+    where = folder_for(digest)
+    meta = _read_meta(where)
+    if meta is None:
+        return "missing", "not exported yet: the first embedding exports it once (about 20 s)", None
+    if verify(meta) is False:
+        return "damaged", "export.json is not signed by this user's key", None
+    if meta.get("recipe") != RECIPE:
+        return "missing", "exported with an older recipe: it is exported again", None
+    if meta.get("refused"):
+        return "refused", str(meta["refused"]), None
+    for name, want in (meta.get("files") or {}).items():
+        try:
+            got = file_hash(where / name)
+        except OSError:
+            got = None
+        if got != want:
+            return "damaged", f"{name} does not match its recorded sha256: it is exported again", None
+    parity = meta.get("parity") or {}
+    if not isinstance(parity.get("min_cos"), (int, float)) or parity["min_cos"] < PARITY_MIN:
+        return "refused", f"parity {parity.get('min_cos')} is below {PARITY_MIN}", None
+    return "ready", f"exported {meta.get('exported_at')}, parity {parity['min_cos']:.8f} on {parity.get('n')} probes", \
+        where / "model.onnx"
+
+
+def export(folder: Path, digest: str, *, quiet: bool = False) -> Path:
+    """Export the model in ``folder`` (whose files have ``digest``), check its parity, and publish it
+    in the cache; raise :class:`Unsupported` when it cannot be used (recorded, so it is not retried).
+    Takes a lock: two processes never export the same model at once."""
+    from filelock import FileLock
+
+    root().mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    os.chmod(root(), DIR_MODE)
+    with FileLock(str(root() / f".{digest}.lock"), mode=FILE_MODE):
+        status, why, path = state(digest)
+        if status == "ready" and path is not None:
+            return path  # another process exported it meanwhile
+        if status == "refused":
+            raise Unsupported(why)
+        describe_folder(folder)
+        if not quiet:
+            sys.stderr.write(f"nubos-memory: exporting the embedding model to ONNX, once ({folder.name})...\n")
+            sys.stderr.flush()
+        start = time.perf_counter()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=root()))  # fresh: onnx appends to a .data file
+        try:
+            os.chmod(tmp, DIR_MODE)
+            info = _export_files(folder, tmp)
+            for name in FILES:
+                os.chmod(tmp / name, FILE_MODE)
+            info["files"] = {name: file_hash(tmp / name) for name in FILES}
+            info["parity"] = parity(folder, tmp / "model.onnx")
+            info["export_s"] = round(time.perf_counter() - start, 2)
+            if info["parity"]["min_cos"] < PARITY_MIN:
+                info["refused"] = (f"the ONNX export gives other vectors than sentence-transformers (cosine "
+                                   f"{info['parity']['min_cos']:.7f} < {PARITY_MIN} on the probes); torch is used")
+            _publish(tmp, digest, info)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        status, why, path = state(digest)
+        if status != "ready" or path is None:
+            raise Unsupported(why)
+        return path
+
+
+def _publish(tmp: Path, digest: str, info: dict[str, Any]) -> None:
+    """Write the signed record and move the export into place (replacing a damaged or stale one)."""
+    info.update(recipe=RECIPE, digest=digest, exported_at=now_iso())
+    atomic_write_bytes(tmp / META, dumps(sign(info), pretty=True))
+    target = folder_for(digest)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+
+
+def refuse(digest: str, why: str) -> None:
+    """Record that this model cannot run on ONNX (so no process tries again)."""
+    root().mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=root()))
+    try:
+        _publish(tmp, digest, {"refused": why, "files": {}})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _export_files(folder: Path, out: Path) -> dict[str, Any]:
+    """``torch.onnx.export`` of the folder's transformer to ``out/model.onnx`` + ``model.onnx.data``."""
+    import inspect
+
+    from .torch_runtime import quiet_hugging_face
+
+    quiet_hugging_face(downloads=False)  # the folder is local; nothing on stdout or stderr but our note
+    import onnx
+    import torch
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+    for name in ("torch.onnx", "torch.export", "torch._dynamo", "transformers", "onnxscript"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    hf = AutoModel.from_pretrained(str(folder), use_safetensors=True, trust_remote_code=False,
+                                   attn_implementation="eager", dtype=torch.float32)
+    typed = "token_type_ids" in inspect.signature(hf.forward).parameters
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if typed else [])
+
+    class Encoder(torch.nn.Module):  # BERT-like: the three inputs its tokenizer gives
+        def __init__(self, model: Any):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                              return_dict=True).last_hidden_state
+
+    class TwoInputs(Encoder):  # DistilBERT and others take no token_type_ids
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:  # type: ignore[override]
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True).last_hidden_state
+
+    model = (Encoder if typed else TwoInputs)(hf).eval()  # in training mode it would export its Dropout
+    ids = torch.tensor([[101, 7592, 2088, 2003, 1037, 3231, 102, 0]] * 2, dtype=torch.long)  # no size-1 dims
+    sample = (ids, (ids != 0).long(), torch.zeros_like(ids))[: len(names)]
+    exporter = "dynamo"
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        warnings.simplefilter("ignore")
+        try:
+            batch = torch.export.Dim("batch", min=1, max=4096)
+            seq = torch.export.Dim("sequence", min=1, max=int(hf.config.max_position_embeddings))
+            program = torch.onnx.export(model, sample, None, dynamo=True, input_names=names,
+                                        output_names=["last_hidden_state"], optimize=True, verbose=False,
+                                        dynamic_shapes={n: {0: batch, 1: seq} for n in names})
+            proto = program.model_proto  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - no onnxscript, or a model dynamo cannot trace: the TorchScript exporter
+            exporter = "torchscript"
+            buf = io.BytesIO()
+            torch.onnx.export(model, sample, buf, dynamo=False, input_names=names,  # type: ignore[arg-type]
+                              output_names=["last_hidden_state"], opset_version=17, do_constant_folding=True,
+                              dynamic_axes={**{n: {0: "batch", 1: "sequence"} for n in names},
+                                            "last_hidden_state": {0: "batch", 1: "sequence"}})
+            proto = onnx.load_from_string(buf.getvalue())
+    _strip(proto)  # no stack traces with paths in node metadata: the same model gives the same bytes
+    onnx.save_model(proto, str(out / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=1024)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    return {"exporter": exporter, "opset": opset, "torch": torch.__version__, "onnx": onnx.__version__}
+
+
+def _strip(proto: Any) -> None:
+    def walk(graph: Any) -> None:
+        for node in graph.node:
+            del node.metadata_props[:]
+            node.doc_string = ""
+            for attribute in node.attribute:
+                if attribute.g.node:
+                    walk(attribute.g)
+                for sub in attribute.graphs:
+                    walk(sub)
+        for value in [*graph.input, *graph.output, *graph.value_info]:
+            del value.metadata_props[:]
+            value.doc_string = ""
+        for init in graph.initializer:
+            del init.metadata_props[:]
+        del graph.metadata_props[:]
+        graph.doc_string = ""
+
+    walk(proto.graph)
+    del proto.metadata_props[:]
+    proto.doc_string = ""
+
+
+def parity(folder: Path, onnx_path: Path) -> dict[str, Any]:
+    """The probes embedded by the product's path with ONNX and with torch: the worst cosine and the
+    largest absolute difference."""
+    from .model import embed_with
+    from .torch_runtime import TorchRuntime
+
+    reference = TorchRuntime(str(folder))
+    candidate = OnnxRuntime(folder, onnx_path, threads=1)
+    texts = list(PROBES)
+    ref = embed_with(reference, texts)
+    got = embed_with(candidate, texts)
+    cos = np.einsum("ij,ij->i", ref.astype(np.float64), got.astype(np.float64))
+    return {"min_cos": float(cos.min()), "max_abs": float(np.abs(ref - got).max()), "n": len(texts),
+            "probes_sha256": hashlib.sha256("\x1e".join(texts).encode()).hexdigest()[:16]}
