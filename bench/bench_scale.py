@@ -42,7 +42,8 @@ from nubos_memory.api.evaluate import CachedEmbedder, default_cache_dir  # noqa:
 sys.path.insert(0, str(REPO / "tests"))
 from bm25_reference import RankBM25Scorer  # noqa: E402
 from nubos_memory.index.vectors import EXACT_LIMIT  # noqa: E402
-from nubos_memory.records import lexical_text  # noqa: E402
+from nubos_memory.embed.torch_runtime import TorchRuntime  # noqa: E402
+from nubos_memory.records import embed_text, lexical_text  # noqa: E402
 from nubos_memory.tokenize import tokenize  # noqa: E402
 
 DATA = REPO.parent / "shared" / "datasets" / "scifact"
@@ -138,7 +139,7 @@ def main() -> None:
     cached = CachedEmbedder(st, default_cache_dir())
     base = real_texts(min(max(sizes, default=10_000), 10_000))
     t = time.perf_counter()
-    cached.embed([f"{r['title']}\n{r['body']}" for r in base])  # real vectors for every base record
+    cached.embed([embed_text({"title": r["title"], "body": r["body"]}) for r in base])  # real vectors for every base record
     cached.save()
     print(f"# base embeddings ready ({len(base)} records, {cached.misses} newly embedded, "
           f"{time.perf_counter() - t:.0f}s)", flush=True)
@@ -149,13 +150,15 @@ def main() -> None:
     # Two record shapes: agent-note sized (fits the 256-wordpiece window: pieces == records) and
     # long abstracts (cut into pieces and pooled). Baselines: encode of exactly the pieces the
     # product embeds (its overhead), and encode of the records truncated (the cost of whole records).
-    model = st.runtime().model
+    reference = TorchRuntime(str(st.folder()))  # the raw library: sentence-transformers on torch
+    reference.load()
+    model = reference.model
     results["index_throughput"] = {}
     shapes = {"short": [r for r in base if r["title"].endswith(")")][:384] or base[:384], "long": base[:192]}
     model.encode([r["body"] for r in base[-64:]], batch_size=32)  # warm-up: first calls are slower
     for shape, recs in shapes.items():
         sample = [{"type": "research", "title": r["title"] + " (throughput)", "body": r["body"]} for r in recs]
-        texts = [f"{r['title']}\n{r['body']}" for r in sample]
+        texts = [embed_text(r) for r in sample]
         pieces, _ = st.pieces(texts)
 
         def raw_pass(inputs):
@@ -183,7 +186,6 @@ def main() -> None:
         print(f"# index throughput ({shape}): " + json.dumps(row), flush=True)
 
     qvecs = st.embed(queries)
-    model = st.runtime().model
     for n in sizes:
         if n <= len(base):
             recs = base[:n]
@@ -196,7 +198,7 @@ def main() -> None:
         row: dict = {}
         mem, build_s = make_memory(root, emb, recs)
         row["build_s"] = build_s
-        mem._embedder = st  # queries embed for real
+        mem.use_embedder(st)  # queries embed for real
         mem.query("warm up the model")
         # Hybrid queries and the raw model on the same 200 query texts, interleaved, so that both
         # see the same machine load; their difference is what the product adds to the embedding.

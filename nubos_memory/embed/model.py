@@ -262,7 +262,10 @@ def pieces_for(runtime: Runtime, texts: list[str]) -> tuple[list[str], list[int]
 
 def embed_with(runtime: Runtime, texts: list[str]) -> np.ndarray:
     """One unit vector per text: texts that fit the window as they are, longer ones in pooled pieces."""
-    if len(texts) == 1 and len(runtime.token_starts(texts)[0]) <= runtime.window:  # most queries fit
+    # A query: most fit the window.  A character is at most 4 tokens (UTF-8 bytes, for byte-level
+    # tokenizers), so a short text fits for sure; a longer one is counted.
+    if len(texts) == 1 and (4 * len(texts[0]) <= runtime.window
+                            or len(runtime.token_starts(texts)[0]) <= runtime.window):
         return runtime.encode(texts)
     pieces, owner = pieces_for(runtime, texts)
     vecs = runtime.encode(pieces)

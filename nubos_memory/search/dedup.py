@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -113,25 +112,34 @@ def within_batch(vectors: np.ndarray, threshold: float) -> list[tuple[int, int, 
     return found
 
 
-def collapse(ranked: list[Any], vector_of: Callable[[Any], np.ndarray | None], threshold: float
-             ) -> list[list[Any]]:
-    """Group ranked candidates whose vectors are near duplicates of a better-ranked group's first
-    member (cosine ≥ ``threshold``), in rank order.  A candidate without a vector is its own group."""
+def collapse(ranked: list[Any], vectors: np.ndarray, has: np.ndarray, threshold: float, k: int) -> list[list[Any]]:
+    """The first ``k`` groups of ranked candidates: a candidate whose vector is within ``threshold``
+    (cosine) of a better-ranked group's first member joins that group; one without a vector
+    (``has`` False) is its own group.  ``vectors`` holds the candidates' vectors in rank order.
+    Once ``k`` groups exist, the remaining candidates only join them (one matrix product)."""
     groups: list[list[Any]] = []
-    heads: np.ndarray | None = None  # first members' vectors, one row per group that has one
+    heads: list[int] = []  # rank index of each group's first member that has a vector
     head_group: list[int] = []
-    for cand in ranked:
-        vec = vector_of(cand)
-        if vec is not None and heads is not None and head_group:
-            sims = heads[: len(head_group)] @ vec
+    done = len(ranked)
+    for i, cand in enumerate(ranked):
+        if len(groups) == k:
+            done = i
+            break
+        if has[i] and heads:
+            sims = vectors[heads] @ vectors[i]
             best = int(np.argmax(sims))
             if sims[best] >= threshold:
                 groups[head_group[best]].append(cand)
                 continue
         groups.append([cand])
-        if vec is not None:
-            if heads is None:
-                heads = np.empty((len(ranked), len(vec)), dtype=np.float32)
-            heads[len(head_group)] = vec
+        if has[i]:
+            heads.append(i)
             head_group.append(len(groups) - 1)
+    rest = [i for i in range(done, len(ranked)) if has[i]]
+    if rest and heads:
+        sims = vectors[rest] @ vectors[heads].T
+        best = sims.argmax(axis=1)
+        for i, j, sim in zip(rest, best.tolist(), sims[np.arange(len(rest)), best].tolist()):
+            if sim >= threshold:
+                groups[head_group[j]].append(ranked[i])
     return groups

@@ -189,7 +189,10 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
     n_cand = max(cfg.candidates, k)
     contextual = fusion == "z" or mode != "hybrid"  # alpha and rrf keep their plain signals
     prev, nxt = snap.neighbours()
-    g = snap.context_gate() if contextual and cfg.context == "auto" else 0.0
+    state = mem.sync_vectors(allowed, budget_s=QUERY_EMBED_BUDGET_S) if mode != "lexical" else None
+    g = 0.0
+    if contextual and cfg.context == "auto":
+        g = snap.context_gate(state.manifest if state is not None and state.degraded is None else None)
 
     lexical = snap.lexical_engine()
     raw = lexical.scores(terms)
@@ -204,9 +207,7 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
         lex_rank = {int(p): i + 1 for i, p in enumerate(_top(matching, lex_ctx[matching], n_cand))}
 
     vec: VectorSide | None = None
-    state = None
-    if mode != "lexical":
-        state = mem.sync_vectors(allowed, budget_s=QUERY_EMBED_BUDGET_S)
+    if state is not None:
         degraded = state.degraded
         if degraded is None:
             try:
@@ -229,18 +230,29 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
             out["degraded"] = shown
 
     cand_pos = np.array(sorted(set(lex_rank) | set(vec.rank if vec else ())), dtype=np.int64)
+    # Every candidate's numbers at once (numpy), then one plain loop to hold them.
+    raw_c = raw[cand_pos].tolist()
+    ctx_c = lex_ctx[cand_pos]
+    norm_c = (ctx_c / divisor).tolist()
+    zl_c = ((ctx_c - lex_mean) / lex_sd).tolist()
+    ctx_list = ctx_c.tolist()
     if vec is not None and len(cand_pos):
-        cos_ctx = with_context(vec.cos, cand_pos, prev, nxt, CONTEXT_VECTOR * g, of=vec.known)
-    cands = []
-    for i, p in enumerate(cand_pos.tolist()):
-        has = vec is not None and bool(vec.known[p])
-        cands.append(Candidate(
-            position=p, lexical_raw=float(raw[p]), lexical_norm=float(lex_ctx[p]) / divisor,
-            cosine=float(vec.cos[p]) if has and vec is not None else None,
-            lexical_rank=lex_rank.get(p), vector_rank=vec.rank.get(p) if vec else None,
-            lexical_context=float(lex_ctx[p]), lexical_z=(float(lex_ctx[p]) - lex_mean) / lex_sd,
-            cosine_context=float(cos_ctx[i]) if has else None,
-            cosine_z=(float(cos_ctx[i]) - vec.mean) / vec.sd if has and vec is not None else None))
+        has_c = vec.known[cand_pos].tolist()
+        cos_c = vec.cos[cand_pos].tolist()
+        cctx = with_context(vec.cos, cand_pos, prev, nxt, CONTEXT_VECTOR * g, of=vec.known)
+        cctx_c = cctx.tolist()
+        zc_c = ((cctx - vec.mean) / vec.sd).tolist()
+    else:
+        has_c = [False] * len(cand_pos)
+        cos_c = cctx_c = zc_c = has_c
+    vec_rank = vec.rank if vec is not None else {}
+    cands = [
+        Candidate(position=p, lexical_raw=raw_c[i], lexical_norm=norm_c[i], cosine=cos_c[i] if has_c[i] else None,
+                  lexical_rank=lex_rank.get(p), vector_rank=vec_rank.get(p), lexical_context=ctx_list[i],
+                  lexical_z=zl_c[i], cosine_context=cctx_c[i] if has_c[i] else None,
+                  cosine_z=zc_c[i] if has_c[i] else None)
+        for i, p in enumerate(cand_pos.tolist())
+    ]
     out["counts"]["candidates"] = len(cands)
     if mode == "vector":
         kept = []
@@ -267,10 +279,11 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
         c.score *= importance_factor(records[c.position].get("importance"))
     kept.sort(key=lambda c: (-c.score, c.position))
     threshold = cfg.near_duplicate
-    if collapse and threshold is not None and state is not None and state.degraded is None:
-        groups = collapse_near(kept, lambda c: state.vector_of(c.position), threshold)
+    if collapse and threshold is not None and state is not None and state.degraded is None and kept:
+        vectors, has = state.vectors_of([c.position for c in kept])
+        groups = collapse_near(kept, vectors, has, threshold, k)
     else:
-        groups = [[c] for c in kept]
+        groups = [[c] for c in kept[:k]]
     for group in groups[:k]:
         c = max(group, key=lambda g_: g_.position)  # the newest of near duplicates is shown
         rec = records[c.position]

@@ -41,6 +41,22 @@ class VectorState:
     embedded: int = 0
     behind: int = 0  # records that still have no vector after this operation's catching up
 
+    def vectors_of(self, positions: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The vectors this operation has for these records, in one array, and which of them have one."""
+        pos = np.asarray(positions, dtype=np.int64)
+        labels = np.where(pos < len(self.labels), self.labels[np.minimum(pos, max(len(self.labels) - 1, 0))], -1) \
+            if len(self.labels) else np.full(len(pos), -1, dtype=np.int64)
+        has = labels >= 0
+        dim = self.index.dim if self.index is not None else (len(next(iter(self.extra.values()))) if self.extra else 1)
+        out = np.zeros((len(pos), dim), dtype=np.float32)
+        if self.index is not None and has.any():
+            out[has] = self.index.vectors[labels[has]]
+        for i, p in enumerate(positions):
+            if not has[i] and p in self.extra:
+                out[i] = self.extra[p]
+                has[i] = True
+        return out, has
+
     def vector_of(self, position: int) -> np.ndarray | None:
         """The vector this operation has for a record, if any."""
         label = int(self.labels[position]) if position < len(self.labels) else -1
@@ -173,13 +189,15 @@ class Snapshot:
             self._neighbours_key = key
         return self._neighbours
 
-    def context_gate(self) -> float:
-        """The memory's coherence gate g (``neighbours.py``), from the κ its manifest records; 0 when
-        there is none (no vectors yet, or a manifest that cannot be read)."""
-        try:
-            manifest = self.store.read_manifest()
-        except StoreError:
-            return 0.0
+    def context_gate(self, manifest: "Manifest | None" = None) -> float:
+        """The memory's coherence gate g (``neighbours.py``), from the κ its manifest records (the
+        one given, else the current one); 0 when there is none (no vectors yet, or a manifest that
+        cannot be read)."""
+        if manifest is None:
+            try:
+                manifest = self.store.read_manifest()
+            except StoreError:
+                return 0.0
         value = (manifest or {}).get("kappa")
         return gate(float(value)) if isinstance(value, (int, float)) else 0.0
 

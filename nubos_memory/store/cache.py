@@ -105,6 +105,7 @@ class DerivedCache:
     def __init__(self, folder: Path):
         self.folder = folder
         self.written: str | None = None  # the generation this process committed last: checksums computed while writing
+        self._last: tuple[bytes, dict[str, Any]] | None = None  # the manifest's bytes and document, verified
 
     @property
     def manifest_path(self) -> Path:
@@ -121,6 +122,8 @@ class DerivedCache:
         except OSError as exc:
             raise StoreError(f"cannot read manifest: {exc.strerror}", code="manifest-corrupt",
                              details={"path": str(self.manifest_path)}) from None
+        if self._last is not None and self._last[0] == raw:  # the same bytes: parsed and verified already
+            return cast(Manifest, dict(self._last[1]))
         try:
             doc = loads(raw)
             ok = (
@@ -148,7 +151,8 @@ class DerivedCache:
                 "an older version); its derived files are not used. Run memory-rebuild to re-derive them.",
                 code="manifest-untrusted", details={"path": str(self.manifest_path)})
         doc["_verified"] = trusted is True
-        return cast(Manifest, doc)
+        self._last = (raw, doc)
+        return cast(Manifest, dict(doc))
 
     def load(self, manifest: Manifest) -> VectorIndex:
         """Load the generation a manifest names, checking it against the manifest."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
@@ -85,6 +86,8 @@ class FileStore:
         self.write_lock = WriteLock(self.folder, lock_timeout)
         self._guarded = (project.state_dir, self.folder, project.config_path,
                          *(self.folder / name for name in MEMORY_FILES))
+        self._checked: tuple[Any, ...] | None = None  # what the last check saw (inode, device, mode, owner)
+        self._notices: list[dict[str, Any]] = []
 
     # -- the place -------------------------------------------------------------------------
     def check(self) -> list[dict[str, Any]]:
@@ -97,18 +100,30 @@ class FileStore:
         log and usage files are also opened with ``O_NOFOLLOW``.
         """
         root = self.project.root
+        seen: list[tuple[int, int, int, int] | None] = []
         for path in self._guarded:
-            if os.path.islink(path):
+            try:
+                st = os.lstat(path)
+            except OSError:
+                seen.append(None)
+                continue
+            if stat.S_ISLNK(st.st_mode):
                 raise StoreError(f"{path.relative_to(root)} is a symlink; memory files are never followed "
                                  "through links (an untrusted clone could point them anywhere)",
                                  code="store-symlink-refused", details={"path": str(path)})
+            seen.append((st.st_ino, st.st_dev, st.st_mode, st.st_uid))
+        signature = tuple(seen)
+        if signature == self._checked:  # nothing on the way changed since the last check
+            return self._notices
         if self.folder.exists():
             try:
                 self.folder.resolve().relative_to(root.resolve())
             except ValueError:
                 raise StoreError("the memory folder resolves outside the project", code="store-symlink-refused",
                                  details={"path": str(self.folder)}) from None
-        return folder_notices(self.folder)
+        self._notices = folder_notices(self.folder)
+        self._checked = signature
+        return self._notices
 
     def prepare(self) -> None:
         ensure_dir(self.folder)
