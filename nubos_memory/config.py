@@ -9,19 +9,34 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
 from .fsio import JSONDecodeError, loads, read_regular
-from .limits import BASE_TYPES, CONTEXTS, DEFAULT_MODEL, DEVICES, FUSIONS, PROVIDERS, RUNTIMES
+from .limits import BACKENDS, BASE_TYPES, CONTEXTS, DEFAULT_MODEL, DEVICES, FUSIONS, PROVIDERS, RUNTIMES
 
 STATE_DIR = ".nubos-pilot"
 CONFIG_FILE = "config.json"
 MEMORY_DIR = "memory"
 ROOT_ENV = "NUBOS_PILOT_ROOT"
 
+
+
+DSN_ENV = "NUBOS_MEMORY_DSN"
+NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+@dataclass(frozen=True)
+class PostgresConfig:
+    """``memory.postgres``: which namespace of the database, and which variable holds the DSN
+    (never the DSN itself: config.json is committed)."""
+
+    namespace: str | None = None  # default: the project folder's name (store/postgres.py)
+    dsn_env: str = DSN_ENV
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,8 @@ class MemoryConfig:
     hnsw_ef_construction: int = 200
     hnsw_ef_search: int = 100
     near_duplicate: float | None = 0.90  # cosine at which a new record is a near duplicate (adr/0009); null: off
+    backend: str = "files"  # where the memory lives: files (.nubos-pilot/memory/) or postgres (adr/0014)
+    postgres: PostgresConfig = field(default_factory=PostgresConfig)
 
     @property
     def record_types(self) -> tuple[str, ...]:
@@ -71,6 +88,20 @@ def _number(key: str, value: Any, lo: float, hi: float, *, integer: bool = False
         kind = "an integer" if integer else "a number"
         raise _bad(key, value, f"{kind} in [{lo}, {hi}]")
     return int(value) if integer else float(value)
+
+
+def _postgres(value: Any) -> PostgresConfig:
+    if not isinstance(value, dict) or set(value) - {"namespace", "dsn_env"}:
+        keys = sorted(str(k)[:64] for k in value) if isinstance(value, dict) else None
+        raise ConfigError('memory.postgres must be an object with "namespace" and/or "dsn_env" (the connection '
+                          "string itself goes in the environment, never in config.json)",
+                          code="config-invalid-value", details={"key": "memory.postgres", "keys": keys})
+    namespace, env = value.get("namespace"), value.get("dsn_env", DSN_ENV)
+    if namespace is not None and not (isinstance(namespace, str) and NAMESPACE_PATTERN.fullmatch(namespace)):
+        raise _bad("postgres.namespace", namespace, "1-128 letters, digits, '.', '_' or '-'")
+    if not (isinstance(env, str) and ENV_NAME_PATTERN.fullmatch(env)):
+        raise _bad("postgres.dsn_env", env, "the name of an environment variable")
+    return PostgresConfig(namespace=namespace, dsn_env=env)
 
 
 def validate_section(raw: dict[str, Any], root: Path | None = None) -> MemoryConfig:
@@ -129,6 +160,11 @@ def validate_section(raw: dict[str, Any], root: Path | None = None) -> MemoryCon
             value = _number(key, value, 1, 10_000, integer=True)
         elif key == "near_duplicate":
             value = None if value is None else float(_number(key, value, 0.5, 1.0))
+        elif key == "backend":
+            if value not in BACKENDS:
+                raise _bad(key, value, f"one of {list(BACKENDS)}")
+        elif key == "postgres":
+            value = _postgres(value)
         out[key] = value
     config = MemoryConfig(**out)
     if root is not None:
@@ -185,6 +221,8 @@ def read_config_file(path: Path) -> dict[str, Any] | None:
     except OSError as exc:
         why = "it is a symlink" if path.is_symlink() else exc.strerror
         raise ConfigError(f"cannot read {path}: {why}", code="config-invalid", details={"path": str(path)}) from None
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark, as some editors on Windows write
+        data = data[3:]
     try:
         doc = loads(data)
     except JSONDecodeError as exc:

@@ -15,6 +15,7 @@ MAX_ID = 128
 MAX_TITLE = 1_000
 MAX_BODY = 100_000
 MAX_PHASE = 128
+PHASE_SEPARATORS = "-./:"  # M001-S002-T0001: a phase filter matches its descendants too
 MAX_TAG = 64
 MAX_TAGS = 64
 MAX_TYPE = 32
@@ -24,6 +25,7 @@ MAX_SOURCE = 1_024
 MAX_CHUNK_INDEX = 1_000_000
 MAX_REASON = 200  # characters of a forget tombstone's reason
 MAX_FORGET = 10_000  # ids in one forget
+MAX_GET = 1_000  # ids in one memory-get
 
 # -- queries -------------------------------------------------------------------------------
 MODES = ("hybrid", "lexical", "vector")
@@ -33,8 +35,10 @@ CONTEXTS = ("auto", "off")
 FORMATS = ("json", "markdown")
 FORMAT_ALIASES = {"md": "markdown"}
 MAX_K = 1000
-MAX_QUERY_CHARS = 10_000
+MAX_QUERY_CHARS = 100_000  # the lexical side reads it all; the model sees its first windows (embed/chunking.py)
 MAX_TOKENS = 10_000_000
+MCP_MAX_TOKENS = 4_000  # memory_query's default budget over MCP: an answer a model can read whole
+PROGRESS_MODES = ("auto", "bar", "json", "none")  # --progress of long verbs; auto: a bar on a terminal
 MAX_ECHO = 200  # characters of a query text or filter echoed back in an answer
 
 # -- configuration -------------------------------------------------------------------------

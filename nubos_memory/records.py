@@ -40,6 +40,7 @@ from .limits import (
     MAX_TAG,
     MAX_TAGS,
     MAX_TITLE,
+    PHASE_SEPARATORS,
     PROVENANCES,
 )
 from .types import Record
@@ -98,6 +99,16 @@ def epoch_to_iso(t: float | None) -> str | None:
 def one_line(value: Any, limit: int) -> bool:
     """Whether ``value`` is 1-``limit`` characters of text without control characters."""
     return isinstance(value, str) and len(value.strip()) > 0 and len(value) <= limit and not _CONTROL.search(value)
+
+
+def phase_matches(phase: str | None, wanted: str, *, exact: bool = False) -> bool:
+    """Whether a record's ``phase`` is ``wanted`` or, unless ``exact``, lies under it in the phase
+    hierarchy: ``M001`` matches ``M001`` and ``M001-S002-T0001``, not ``M0012``."""
+    if phase is None:
+        return False
+    if phase == wanted or exact or not phase.startswith(wanted):
+        return phase == wanted
+    return wanted[-1] in PHASE_SEPARATORS or phase[len(wanted)] in PHASE_SEPARATORS
 
 
 def valid_importance(value: Any) -> bool:

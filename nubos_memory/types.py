@@ -154,3 +154,64 @@ class Stats(TypedDict, total=False):
     memory_dir: str
     bytes: int
     warnings: list[dict[str, Any]]
+
+
+class AddResult(WriteResult):
+    """The answer of ``memory-add``: the one record's id (or the stored record it duplicates)."""
+
+    id: str
+    duplicate_of: str | None
+    near_duplicate_of: str | None
+    similarity: float | None
+
+
+class ForgetResult(TypedDict):
+    forgotten: list[str]
+    already_retired: list[str]
+    recovered: dict[str, Any] | None
+    warnings: list[dict[str, Any]]
+
+
+class GotRecord(TypedDict):
+    """One record of ``memory-get``: ``retired`` says why and when (None while it is live)."""
+
+    id: str
+    live: bool
+    retired: dict[str, Any] | None
+    record: Record
+
+
+class GetResult(TypedDict):
+    records: list[GotRecord]
+    missing: list[str]
+    warnings: list[dict[str, Any]]
+
+
+class IngestResult(TypedDict):
+    files: int
+    new: int
+    changed: int
+    unchanged: int
+    removed: int
+    kept_retired: int
+    added: int
+    retired: int
+    embedded: int
+    skipped: list[dict[str, Any]]
+    failed: list[dict[str, Any]]
+    degraded: dict[str, Any] | None
+    warnings: list[dict[str, Any]]
+
+
+class RebuildResult(TypedDict):
+    rebuilt: bool
+    count: int
+    embedded: int
+    shared: int
+    reused: int
+    model: str | None
+    dim: int | None
+    fingerprint: str | None
+    rebuilt_at: str | None
+    skipped_lines: int
+    warnings: list[dict[str, Any]]

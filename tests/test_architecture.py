@@ -3,7 +3,7 @@ another's private names.
 
 Layers, lowest first; a module may import its own sub-package and any lower layer::
 
-    foundation   errors limits types fsio faults trust userdirs config records tokenize
+    foundation   errors limits types fsio faults trust userdirs config records tokenize progress
     index, embed         derived indexes; text → vectors
     store                where the log, the lock and derived state live
     search, ingest       answering a query; markdown → records
@@ -21,7 +21,8 @@ from nubos_memory.errors import EXIT_CODES
 from .conftest import REPO
 
 PACKAGE = REPO / "nubos_memory"
-FOUNDATION = {"errors", "limits", "types", "fsio", "faults", "trust", "userdirs", "config", "records", "tokenize"}
+FOUNDATION = {"errors", "limits", "types", "fsio", "faults", "trust", "userdirs", "config", "records", "tokenize",
+              "progress"}
 LAYER = {"foundation": 0, "index": 1, "embed": 1, "store": 2, "search": 3, "ingest": 3, "api": 4, "interfaces": 5}
 # The package's front door re-exports the facade (lazily); ``python -m`` runs the CLI.
 ENTRY_POINTS = {"__init__", "__main__"}

@@ -188,15 +188,83 @@ def test_paths_outside_the_project_and_escaping_symlinks_are_refused(docs, tmp_p
     assert r.code == 5 and r.error["code"] == "ingest-path-outside-project"
 
 
-def test_bad_files_refuse_the_whole_ingest(docs):
+def test_a_bad_file_is_reported_and_passed_over_while_the_others_are_ingested(docs):
     (docs / "knowledge/broken.md").write_text("---\nimportance: high\n---\n## x\n\ny\n")
-    log = docs / ".nubos-pilot/memory/records.jsonl"
+    (docs / "knowledge/binary.md").write_bytes(b"## bad\n\n\xff\xfe\n")
     r = ingest(docs, "CLAUDE.md", "knowledge")
-    assert r.code == 5 and r.error["code"] == "ingest-frontmatter-invalid"
-    assert r.error["details"]["path"] == "knowledge/broken.md" and not log.exists()
-    (docs / "knowledge/broken.md").write_bytes(b"## bad\n\n\xff\xfe\n")
-    assert ingest(docs, "knowledge").error["code"] == "ingest-file-unreadable"
-    assert ingest(docs, "nope").error["code"] == "ingest-path-missing"
+    assert r.code == 0, r.err
+    failed = {f["path"]: f["code"] for f in r.json["failed"]}
+    assert failed == {"knowledge/broken.md": "ingest-frontmatter-invalid", "knowledge/binary.md": "ingest-file-unreadable"}
+    assert "ingest-files-failed" in {w["code"] for w in r.json["warnings"]}
+    assert {c["source_file"] for c in live_chunks(docs).values()} == {"CLAUDE.md", "knowledge/patterns.md"}
+    # Only bad files: nothing to ingest is an error, naming each file.
+    only = ingest(docs, "knowledge/broken.md")
+    assert only.code == 5 and only.error["code"] == "ingest-files-failed"
+    assert only.error["details"]["failed"][0]["path"] == "knowledge/broken.md"
+
+
+def test_a_path_that_does_not_exist_is_an_error_and_nothing_is_ingested(docs):
+    log = docs / ".nubos-pilot/memory/records.jsonl"
+    for typo in (["docs/READNE.md"], ["CLAUDE.md", "nope/"], ["docs/missing.markdown"]):
+        r = ingest(docs, *typo)
+        assert r.code == 5 and r.error["code"] == "ingest-path-missing", typo
+        assert r.error["details"]["written"] == 0 and "--prune-missing" in r.error["message"]
+    assert not log.exists()
+    # A removed file whose chunks the memory holds: --prune-missing retires them.
+    ingest(docs, "docs")
+    os.remove(docs / "docs/ops.md")
+    assert ingest(docs, "docs/ops.md").error["code"] == "ingest-path-missing"
+    pruned = ingest(docs, "docs/ops.md", "--prune-missing")
+    assert pruned.code == 0 and (pruned.json["removed"], pruned.json["retired"]) == (1, 1)
+    # ... but a path the memory never held stays an error, with --prune-missing too.
+    again = ingest(docs, "docs/ops.md", "--prune-missing")
+    assert again.code == 5 and again.error["details"]["paths"] == ["docs/ops.md"]
+
+
+def test_chunk_titles_carry_their_document(docs):
+    (docs / "adr").mkdir()
+    for n, name in ((4, "Locking and atomic commit"), (5, "Hybrid scoring")):
+        (docs / f"adr/{n:04d}.md").write_text(f"# ADR {n:04d} — {name}\n\n## Context\n\nwhy {n}\n\n"
+                                              f"## Decision\n\nwhat {n}\n")
+    (docs / "docs/front.md").write_text("---\ntitle: Runbook\n---\n# Ignored H1\n\nintro\n\n## Restore\n\nsteps\n")
+    assert ingest(docs, "adr", "docs", "CLAUDE.md").code == 0
+    titles = {(c["source_file"], c["heading"]): c["title"] for c in live_chunks(docs).values()}
+    assert titles[("adr/0004.md", "Context")] == "ADR 0004 — Locking and atomic commit › Context"
+    assert titles[("adr/0005.md", "Decision")] == "ADR 0005 — Hybrid scoring › Decision"
+    assert titles[("CLAUDE.md", "Project guide")] == "Project guide"  # the opening section: the document alone
+    assert titles[("CLAUDE.md", "Release")] == "Project guide › Release"
+    assert titles[("docs/front.md", "Restore")] == "Runbook › Restore"  # frontmatter title wins
+    assert titles[("docs/ops.md", "Backups")] == "ops › Backups"  # no title: the file's name
+    hit = query(docs, "why 4 context").json["hits"][0]
+    assert hit["record"]["title"].startswith("ADR 0004")
+
+
+def test_chunks_a_user_retired_before_titles_changed_stay_retired(docs):
+    """Ids from before titles carried their document: a re-ingest replaces the chunks once, and
+    a chunk the user forgot under its old id does not come back."""
+    from nubos_memory.ingest.markdown import chunk_markdown as chunk
+    from nubos_memory.ingest.plan import chunk_id
+
+    doc = chunk(CLAUDE, "CLAUDE")
+    old = [{"id": chunk_id("CLAUDE.md", c.index, c.text), "type": "research", "title": c.heading,
+            "body": c.text, "source_file": "CLAUDE.md", "chunk_index": c.index, "heading": c.heading}
+           for c in doc.chunks]
+    mem = Memory.open(docs)
+    mem.index(old)
+    mem.forget([old[1]["id"]], reason="wrong")  # "Release", forgotten by the user
+    r = mem.ingest(["CLAUDE.md"])
+    assert (r["changed"], r["added"], r["retired"], r["kept_retired"]) == (1, 2, 2, 1)
+    assert sorted(c["heading"] for c in live_chunks(docs).values()) == ["Database", "Project guide"]
+
+
+def test_ingest_reports_progress_as_json_lines_on_stderr(docs):
+    r = ingest(docs, "CLAUDE.md", "docs", "knowledge", "--progress", "json")
+    assert r.code == 0 and json.loads(r.out)["added"] == 6
+    lines = [json.loads(line)["progress"] for line in r.err.splitlines()]
+    stages = [(p["stage"], p["done"], p["total"]) for p in lines]
+    assert ("reading", 3, 3) in stages and ("embedding", 6, 6) in stages
+    assert all(p["verb"] == "memory-ingest" for p in lines)
+    assert ingest(docs, "docs", "--progress", "none").err == ""
 
 
 def test_ingested_ids_are_deterministic(docs, tmp_path):

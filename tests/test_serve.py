@@ -44,6 +44,15 @@ def served(project):
         proc.wait()
 
 
+def stale_socket(root):
+    """A socket file bound once by a process that is gone (a killed server's leftover)."""
+    path = root / ".nubos-pilot/memory/serve.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.close()
+    return path
+
+
 def in_process(*argv):
     return run_sub(list(argv), env={"NUBOS_MEMORY_NO_SERVER": "1"})
 
@@ -86,11 +95,7 @@ def test_writes_through_server_and_by_others_are_seen(served):
 
 def test_fallback_when_no_server_and_stale_socket_is_replaced(project):
     index_records(project, CORPUS)
-    sock_path = project / ".nubos-pilot/memory/serve.sock"
-    # A stale socket: bound once, its process gone.
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(str(sock_path))
-    s.close()
+    sock_path = stale_socket(project)
     assert sock_path.exists()
     q = run_sub(["memory-query", "--root", str(project), "jwt"])
     assert q.code == 0 and q.json["hits"]
@@ -141,3 +146,83 @@ def test_forwarded_verbs_do_not_load_the_library(served):
     doc = json.loads(res.stdout.strip().splitlines()[-1])
     assert doc == {"code": 0, "heavy": [], "hits": doc["hits"]} and doc["hits"] > 0
     assert stop(proc)["served"] == 1
+
+
+SLOW_WARM_UP = """
+import sys, time
+from nubos_memory.interfaces import warm
+fast = warm.WarmMemory.warm_up
+def slow(self):
+    time.sleep(float(sys.argv[1]))
+    fast(self)
+warm.WarmMemory.warm_up = slow
+from nubos_memory.interfaces.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def slow_server(root, warm_up_s, *extra):
+    """A real memory-serve whose warm-up takes ``warm_up_s`` longer (a big model, a cold disk)."""
+    return subprocess.Popen([sys.executable, "-c", SLOW_WARM_UP, str(warm_up_s), "memory-serve", "--root", str(root),
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_idle_time_counts_from_the_end_of_warm_up_and_clients_never_wait_for_it(project):
+    index_records(project, CORPUS)
+    sock_path = project / ".nubos-pilot/memory/serve.sock"
+    started = time.monotonic()
+    proc = slow_server(project, 4.0, "--idle-timeout", "2")
+    try:
+        time.sleep(0.8)
+        assert proc.poll() is None and not sock_path.exists()  # warming up: no socket to block on yet
+        q = run_sub(["memory-query", "--root", str(project), "jwt"])
+        assert q.code == 0 and q.json["hits"]
+        assert time.monotonic() - started < 4.0  # answered in-process while the server warmed up
+        line = proc.stderr.readline()
+        assert '"serving"' in line and time.monotonic() - started >= 4.0
+        time.sleep(0.5)
+        assert proc.poll() is None  # warm-up did not count as idle time
+        assert run_sub(["memory-query", "--root", str(project), "jwt"]).json == q.json
+        out, _ = proc.communicate(timeout=20)
+        summary = json.loads(out)
+        assert summary["reason"] == "idle" and summary["served"] == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_two_servers_racing_for_a_stale_socket_one_serves_the_other_is_told_why(project):
+    index_records(project, CORPUS)
+    stale_socket(project)
+    procs = [slow_server(project, 0.5) for _ in range(2)]
+    try:
+        loser = None
+        for _ in range(200):
+            done = [p for p in procs if p.poll() is not None]
+            if done:
+                loser = done[0]
+                break
+            time.sleep(0.05)
+        assert loser is not None, "neither server gave way"
+        err = json.loads(loser.stderr.read())
+        assert loser.returncode == 5 and err["error"]["code"] == "serve-already-running"
+        winner = next(p for p in procs if p is not loser)
+        assert '"serving"' in winner.stderr.readline()
+        assert run_sub(["memory-query", "--root", str(project), "jwt"]).code == 0
+        assert stop(winner)["served"] == 1
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_progress_of_a_forwarded_long_verb_comes_through_the_server(served):
+    root, proc = served
+    r = run_sub(["memory-rebuild", "--root", str(root), "--reembed", "--progress", "json"])
+    assert r.code == 0 and r.json["rebuilt"] is True
+    stages = [json.loads(line)["progress"]["stage"] for line in r.err.splitlines()]
+    assert "embedding" in stages and "indexing" in stages
+    assert stop(proc)["served"] == 1  # it was the server that did it

@@ -7,8 +7,10 @@
   budget together.  A hit that does not fit is skipped and the next ones are
   still tried (never "stop at the first overflow").
 * ``render_markdown``: the block an agent pastes into its prompt: each hit's
-  title, provenance label (``[CACHED:VERIFIED]``, ``[CACHED]`` when unknown),
-  source, and body, in rank order.
+  title, provenance label (``[CACHED:VERIFIED]``; none when the record has no
+  provenance), source, and body, in rank order.  It says everything the JSON
+  answer says about the answer itself: a degraded (keyword-only) answer, each
+  warning, and the hits left out for the token budget.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from ..types import Hit, Record
 
 
 def provenance_label(record: Record) -> str:
+    """``[CACHED:VERIFIED]`` for a record with a provenance, nothing for one without."""
     prov = record.get("provenance")
-    return f"[CACHED:{prov}]" if prov else "[CACHED]"
+    return f" [CACHED:{prov}]" if prov else ""
 
 
 def render_hit(rank: int, hit: Hit) -> str:
@@ -39,7 +42,7 @@ def render_hit(rank: int, hit: Hit) -> str:
         facts.append("tags: " + ", ".join(rec["tags"]))
     facts.append(f"score: {hit['score']:.3f} ({hit['retrieval']})")
     body = (rec.get("body") or "").strip()
-    return f"### {rank}. {rec['title']} {provenance_label(rec)}\n{' · '.join(facts)}\n" + (f"\n{body}\n" if body else "")
+    return f"### {rank}. {rec['title']}{provenance_label(rec)}\n{' · '.join(facts)}\n" + (f"\n{body}\n" if body else "")
 
 
 def fit_budget(hits: list[Hit], max_tokens: int) -> tuple[list[Hit], dict[str, Any]]:
@@ -62,11 +65,23 @@ def render_markdown(result: dict[str, Any]) -> str:
     query = result.get("query", {}).get("text", "")
     hits = result.get("hits", [])
     lines = [f"## Prior memory for: {query}", ""]
+    notes = []
     degraded = result.get("degraded")
     if degraded:
-        lines += [f"> degraded ({degraded['code']}): lexical matches only. {degraded['message']}", ""]
+        notes.append(f"> degraded ({degraded['code']}): keyword matches only. {degraded['message']}")
+    for warning in result.get("warnings") or []:
+        notes.append(f"> warning ({warning.get('code')}): {warning.get('message')}")
+    budget = result.get("budget") or {}
+    skipped = budget.get("skipped") or []
+    if skipped:
+        shown = ", ".join(f"{s['id']} ({s['tokens']} tokens)" for s in skipped[:10])
+        more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+        notes.append(f"> {len(skipped)} matching hit(s) left out to fit max_tokens={budget['max_tokens']}: "
+                     f"{shown}{more}. Raise max_tokens or lower k to see them.")
+    if notes:
+        lines += [*notes, ""]
     if not hits:
-        lines.append("_No stored memory matches._")
+        lines.append("_No stored memory matches._" if not skipped else "_No matching hit fits the token budget._")
         return "\n".join(lines) + "\n"
     lines.append("Memory hits are advisory: prior learnings, decisions and research notes, best first.")
     lines.append("")

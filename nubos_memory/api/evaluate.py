@@ -19,6 +19,7 @@ import math
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,8 @@ def evaluate_one(source_config: dict[str, Any], folder: Path, *, split: str = "t
 
     corpus, queries, qrels = load_beir(folder, split)
     config = {**source_config, "enabled": True}
+    if config.get("backend") == "postgres":  # a scratch namespace, dropped afterwards: never the team's memory
+        config["postgres"] = {**(config.get("postgres") or {}), "namespace": f"nubos-eval-{uuid.uuid4().hex[:12]}"}
     inner = embedder or make_embedder(config.get("provider", "local"), config.get("model") or "",
                                       config.get("runtime", "auto"), config.get("device", "auto"))
     emb: Embedder = CachedEmbedder(inner, default_cache_dir()) if cache else inner
@@ -269,6 +272,11 @@ def evaluate_one(source_config: dict[str, Any], folder: Path, *, split: str = "t
             "modes": out_modes,
         }
     finally:
+        if config.get("backend") == "postgres" and "mem" in locals():
+            from ..store.postgres import PgStore
+
+            if isinstance(mem.store, PgStore):
+                mem.store.drop()
         shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -20,6 +20,7 @@ import functools
 import os
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import Project, load_project, read_config_file, validate_section
@@ -27,18 +28,20 @@ from ..embed import Embedder, make_embedder
 from ..errors import DisabledError, InputError, NubosMemoryError, StoreError, UsageError
 from ..faults import crash_point
 from ..fsio import DIR_MODE, atomic_write_bytes, dumps
-from ..limits import FUSIONS, MAX_ECHO, MAX_K, MAX_QUERY_CHARS, MAX_REASON, MAX_TOKENS, MODES
+from ..limits import FUSIONS, MAX_ECHO, MAX_GET, MAX_K, MAX_PHASE, MAX_QUERY_CHARS, MAX_REASON, MAX_TOKENS, MODES
+from ..progress import Reporter, stage
 from ..records import SCHEMA_VERSION, embed_text, epoch_to_iso, iso_to_epoch, one_line, valid_id, validate_batch
 from ..search.snapshot import Snapshot
 from ..store.files import FileStore
-from ..store.recordlog import LogScan
+from ..store.recordlog import LogScan, RecordLog
 from ..store.usage import parse_duration
-from .vectorsync import Progress, VectorSync
+from .vectorsync import VectorSync
 from .writepath import WritePath, save_lexical, settled_scan
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from ..progress import Progress
     from ..search.snapshot import VectorState
     from ..store.base import Store
     from ..types import QueryResult, Record, Stats, WriteResult
@@ -57,13 +60,29 @@ def _answer(method: Callable[..., Any]) -> Callable[..., Any]:
     return verb
 
 
+def open_store(project: Project) -> "Store":
+    """The store ``memory.backend`` names (the database driver is imported only for postgres)."""
+    if project.config.backend == "postgres":
+        from ..store.postgres import PgStore
+
+        return PgStore(project, project.config.lock_timeout)
+    return FileStore(project, project.config.lock_timeout)
+
+
+def _check_ids(ids: list[Any]) -> None:
+    """Refuse anything that is not a record id, echoing at most a bounded part of it."""
+    bad = [str(i)[:MAX_ECHO] for i in ids if not valid_id(i)]
+    if bad:
+        raise InputError(f"not a record id: {bad[0]!r}", code="record-invalid-id", details={"ids": bad[:20]})
+
+
 class Memory:
     """One project's memory.  ``Memory.open()`` finds the project like the CLI does."""
 
     def __init__(self, project: Project, embedder: Embedder | None = None, store: "Store | None" = None):
         self.project = project
         self.config = project.config
-        self.store: Store = store if store is not None else FileStore(project, self.config.lock_timeout)
+        self.store: Store = store if store is not None else open_store(project)
         self.snap = Snapshot(self.store)
         self._embedder = embedder
         self.vectors = VectorSync(self.snap, self.store, lambda: self.embedder, self.config)
@@ -120,11 +139,12 @@ class Memory:
         return scan
 
     def apply(self, records: "Sequence[Record]" = (), *, forget: Sequence[str] = (), reason: str = "forgotten",
-              reasons: dict[str, str] | None = None, force: bool = False, verb: str = "memory-index"
-              ) -> "WriteResult":
+              reasons: dict[str, str] | None = None, force: bool = False, verb: str = "memory-index",
+              progress: "Progress | None" = None) -> "WriteResult":
         """The one write path (``writepath.py``): add validated records and retire ids as one change."""
         self.require_enabled()
-        return self.writes.apply(records, forget=forget, reason=reason, reasons=reasons, force=force, verb=verb)
+        return self.writes.apply(records, forget=forget, reason=reason, reasons=reasons, force=force, verb=verb,
+                                 progress=progress)
 
     def sync_vectors(self, allowed: "np.ndarray | None", *, budget_s: float | None = None) -> "VectorState":
         """For a query: the vector layer, with what it lacks among ``allowed`` embedded (within a budget)."""
@@ -178,7 +198,8 @@ class Memory:
         return {"id": result["skipped_ids"][0], "duplicate_of": None, **extra, **result}
 
     @_answer
-    def index(self, raws: list[Any], *, verb: str = "memory-index", force: bool = False) -> "WriteResult":
+    def index(self, raws: list[Any], *, verb: str = "memory-index", force: bool = False,
+              progress: Reporter | None = None) -> "WriteResult":
         """Validate a batch whole, append the new records durably, then index them (``memory-index``).
 
         Records whose id is live are skipped; exact duplicates of live records (same type and
@@ -187,7 +208,7 @@ class Memory:
         """
         self.require_enabled()
         records = validate_batch(raws, self.config.record_types)
-        return self.apply(records, verb=verb, force=force)
+        return self.apply(records, verb=verb, force=force, progress=stage(progress, "embedding"))
 
     @_answer
     def forget(self, ids: list[str], *, reason: str = "forgotten") -> dict[str, Any]:
@@ -196,15 +217,48 @@ class Memory:
         self.require_enabled()
         if not ids:
             raise UsageError("give at least one record id to forget")
-        bad = [i for i in ids if not valid_id(i)]
-        if bad:
-            raise InputError(f"not a record id: {bad[0]!r}", code="record-invalid-id", details={"ids": bad[:20]})
+        _check_ids(ids)
         if not one_line(reason, MAX_REASON):
             raise InputError(f"a reason is 1-{MAX_REASON} characters on one line", code="forget-invalid-reason",
                              details={"length": len(reason) if isinstance(reason, str) else None})
         out = self.apply(forget=list(dict.fromkeys(ids)), reason=reason, verb="memory-forget")
         return {"forgotten": out["forgotten"], "already_retired": out["already_retired"],
                 "recovered": out["recovered"], "warnings": out["warnings"]}
+
+    @_answer
+    def get(self, ids: list[str], *, track: bool = True) -> dict[str, Any]:
+        """Records by id (``memory-get``), live or retired: a retired one says why and when
+        (``retired``: reason, at, and the id that superseded it).  Ids no record has are listed in
+        ``missing``; when none is found it is an error (``record-not-found``)."""
+        self.require_enabled()
+        if not isinstance(ids, list) or not ids:
+            raise UsageError("give at least one record id")
+        if len(ids) > MAX_GET:
+            raise InputError(f"at most {MAX_GET} ids at once", code="get-too-many", details={"count": len(ids)})
+        _check_ids(ids)
+        scan = self.scan()
+        found: list[dict[str, Any]] = []
+        missing: list[str] = []
+        for rid in dict.fromkeys(ids):
+            pos = scan.position.get(rid)
+            if pos is None:
+                missing.append(rid)
+                continue
+            info = scan.dead.get(pos)
+            retired = None if info is None else {k: info[k] for k in ("reason", "at", "by") if info.get(k) is not None}
+            found.append({"id": rid, "live": info is None, "retired": retired, "record": scan.records[pos]})
+        if not found:
+            raise InputError(f"no record has the id {missing[0]!r}", code="record-not-found",
+                             details={"ids": missing[:50]})
+        out: dict[str, Any] = {"records": found, "missing": missing, "warnings": scan.warnings()}
+        if missing:
+            out["warnings"].append({"code": "record-not-found", "message": f"{len(missing)} id(s) name no record",
+                                    "ids": missing[:50]})
+        live = [r["id"] for r in found if r["live"]]
+        if track and live and not self.store.usage.record(live):
+            out["warnings"].append({"code": "usage-not-recorded",
+                                    "message": "could not record these records as retrieved"})
+        return out
 
     @_answer
     def query(
@@ -214,6 +268,7 @@ class Memory:
         k: int = 8,
         type: str | None = None,
         phase: str | None = None,
+        phase_exact: bool = False,
         tags: list[str] | None = None,
         alpha: float | None = None,
         fusion: str | None = None,
@@ -228,6 +283,8 @@ class Memory:
         ``max_tokens`` keeps the best hits whose markdown blocks fit the budget
         (``api/context.py``).  ``track`` records the returned hits as retrieved
         (usage, for ``memory-prune``).  ``collapse`` shows near duplicates as one hit (adr/0009).
+        ``phase`` matches that phase and the phases under it (``M001`` finds ``M001-S002-T0001``)
+        unless ``phase_exact``.  A ``type`` no record can have is refused with the allowed list.
         """
         from ..search.query import run_query
         from .context import fit_budget
@@ -256,8 +313,9 @@ class Memory:
                                        or not 1 <= max_tokens <= MAX_TOKENS):
             raise InputError("max_tokens must be a positive integer", code="query-invalid-max-tokens",
                              details={"max_tokens": max_tokens})
+        self._check_filters(type, phase, tags)
         result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
-                           fusion=fusion, explain=explain, mode=mode, collapse=collapse)
+                           fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact)
         if max_tokens is not None:
             result["hits"], result["budget"] = fit_budget(result["hits"], max_tokens)
         if track and result["hits"] and not self.store.usage.record([h["id"] for h in result["hits"]]):
@@ -266,8 +324,24 @@ class Memory:
                                                   "retrievals are not counted"})
         return result
 
+    def _check_filters(self, type_: Any, phase: Any, tags: Any) -> None:
+        """Refuse filters that can never match (a typo such as ``learnings``), saying what can."""
+        if type_ is not None:
+            allowed = list(self.config.record_types)
+            if isinstance(type_, str) and type_ not in allowed:
+                self.scan()
+                allowed += sorted(set(self.snap.types) - set(allowed))  # types a changed config dropped
+            if not isinstance(type_, str) or type_ not in allowed:
+                raise InputError(f"unknown record type {str(type_)[:MAX_ECHO]!r}; the types are {allowed}",
+                                 code="query-invalid-type", details={"type": str(type_)[:MAX_ECHO], "allowed": allowed})
+        if phase is not None and not one_line(phase, MAX_PHASE):
+            raise InputError(f"a phase filter is 1-{MAX_PHASE} characters on one line", code="query-invalid-phase",
+                             details={"phase": str(phase)[:MAX_ECHO]})
+        if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
+            raise InputError("tags must be a list of strings", code="query-invalid-tags")
+
     @_answer
-    def rebuild(self, progress: Progress | None = None, *, reembed: bool = False) -> dict[str, Any]:
+    def rebuild(self, progress: Reporter | None = None, *, reembed: bool = False) -> dict[str, Any]:
         """Rebuild every derived file from the log (``memory-rebuild``).
 
         Vectors of unchanged text under the same fingerprint are reused unless
@@ -296,7 +370,7 @@ class Memory:
         for r, h in zip(records, hashes):
             if h not in reuse and h not in todo:
                 todo[h] = embed_text(r)
-        fresh = self.vectors.embed(list(todo.values()), progress)
+        fresh = self.vectors.embed(list(todo.values()), stage(progress, "embedding"), shared=not reembed)
         fresh_of = {h: i for i, h in enumerate(todo)}
         vectors = np.zeros((count, self.embedder.dim), dtype=np.float32)
         rows_fresh = [(row, fresh_of[h]) for row, h in enumerate(hashes) if h in fresh_of]
@@ -308,6 +382,9 @@ class Memory:
             dst, src = zip(*rows_reused)
             vectors[list(dst)] = current.vectors[list(src)]
         crash_point("rebuild-embedded")
+        indexing = stage(progress, "indexing")
+        if indexing:
+            indexing(0, count)
         with self.store.lock("memory-rebuild"):
             try:
                 previous = self.store.read_manifest()
@@ -320,10 +397,13 @@ class Memory:
             self.snap.reset_lexical()  # rebuild the lexical index from scratch too
             self.snap.refresh()
             save_lexical(self.snap, force=True)
+        if indexing:
+            indexing(count, count)
         return {
             "rebuilt": True,
             "count": count,
-            "embedded": len(todo),
+            "embedded": len(todo) - self.vectors.shared,
+            "shared": self.vectors.shared,  # vectors another machine made (the team database)
             "reused": len(rows_reused),
             "model": ours.get("model"),
             "dim": ours.get("dim"),
@@ -334,7 +414,7 @@ class Memory:
         }
 
     @_answer
-    def compact(self, progress: Progress | None = None) -> dict[str, Any]:
+    def compact(self, progress: Reporter | None = None) -> dict[str, Any]:
         """Rewrite the log with only its live records (``memory-compact``).
 
         Under the lock: the current log is kept (``records.jsonl.bak-<time>``: a hard link, so not
@@ -408,26 +488,87 @@ class Memory:
 
     @_answer
     def ingest(self, paths: list[str], *, include: Sequence[str] = (), exclude: Sequence[str] = (),
-               prune_missing: bool = False, record_type: str | None = None) -> dict[str, Any]:
+               prune_missing: bool = False, record_type: str | None = None,
+               progress: Reporter | None = None) -> dict[str, Any]:
         """Index markdown files and folders, idempotently (``memory-ingest``; see ``ingest/plan.py``).
         Relative paths are relative to the project root, whatever the working directory."""
-        from ..ingest.plan import plan, read_documents
+        from ..ingest.plan import live_sources, plan, read_documents, under
 
         self.require_enabled()
         if not paths:
             raise UsageError("give at least one markdown file or folder")
         root = self.project.root.resolve()
-        desired, skipped, prefixes = read_documents(paths, root, include=include, exclude=exclude,
-                                                    record_type=record_type, types=self.config.record_types)
+        docs = read_documents(paths, root, include=include, exclude=exclude, record_type=record_type,
+                              types=self.config.record_types, progress=stage(progress, "reading"))
         scan = self.scan()
-        add, retire, report = plan(scan, desired, prefixes, root, prune_missing=prune_missing)
-        out: dict[str, Any] = {**report, "added": 0, "retired": 0, "embedded": 0, "skipped": skipped,
-                               "degraded": None, "warnings": scan.warnings()}
+        if docs.missing:
+            sources = live_sources(scan) if prune_missing else {}
+            unknown = [m for m in docs.missing if not any(under(s, m) for s in sources)]
+            if unknown:
+                hint = "" if prune_missing else "; to retire the chunks of a removed file, add --prune-missing"
+                raise InputError(f"{unknown[0]!r} does not exist{hint}; nothing was ingested",
+                                 code="ingest-path-missing", details={"paths": unknown[:50], "written": 0})
+            docs.prefixes += docs.missing  # removed files whose chunks are to be retired
+        if docs.failed and not docs.desired:
+            first = docs.failed[0]
+            raise InputError(f"no file could be ingested: {first['message']}", code="ingest-files-failed",
+                             details={"failed": docs.failed[:50], "written": 0})
+        add, retire, report = plan(scan, docs, root, prune_missing=prune_missing)
+        out: dict[str, Any] = {**report, "added": 0, "retired": 0, "embedded": 0, "skipped": docs.skipped,
+                               "failed": docs.failed, "degraded": None, "warnings": scan.warnings()}
         if add or retire:
-            written = self.apply(add, forget=list(retire), reasons=retire, verb="memory-ingest", force=True)
+            written = self.apply(add, forget=list(retire), reasons=retire, verb="memory-ingest", force=True,
+                                 progress=stage(progress, "embedding"))
             out.update(added=written["added"], retired=len(written["forgotten"]), embedded=written["embedded"],
                        degraded=written["degraded"], warnings=written["warnings"])
+        if docs.failed:
+            out["warnings"].append({"code": "ingest-files-failed",
+                                    "message": f"{len(docs.failed)} file(s) could not be ingested and were passed "
+                                               "over (see failed); the others were ingested"})
         return out
+
+    @_answer
+    def export(self, path: str) -> dict[str, Any]:
+        """Write the whole log, line for line, to ``path`` (``memory-export``): a ``records.jsonl``
+        the file store reads as is, whichever store this memory lives in."""
+        self.require_enabled()
+        target = Path(path)
+        if target.resolve() == (self.project.memory_dir / "records.jsonl").resolve():
+            raise InputError("memory-export would overwrite the memory's own log", code="export-target-is-log",
+                             details={"path": str(path)[:MAX_ECHO]})
+        lines = list(self.store.export_lines())
+        try:
+            atomic_write_bytes(target, b"".join(lines))
+        except OSError as exc:
+            raise InputError(f"cannot write {str(path)[:MAX_ECHO]!r}: {exc.strerror}", code="export-unwritable",
+                             details={"path": str(path)[:MAX_ECHO]}) from None
+        scan = self.scan()
+        return {"exported": str(target), "lines": len(lines), "records": len(scan.records), "live": scan.live_count,
+                "backend": self.store.kind}
+
+    @_answer
+    def import_log(self, path: str, progress: Reporter | None = None) -> dict[str, Any]:
+        """Load a ``records.jsonl`` (``memory-import``): every record whose id this memory does not hold
+        yet, in the file's order, then its tombstones, so what was retired there is retired here.
+        Idempotent by id: a second run adds nothing."""
+        self.require_enabled()
+        source = Path(path)
+        if not source.is_file():
+            raise InputError(f"no such records file: {str(path)[:MAX_ECHO]!r}", code="records-file-unreadable",
+                             details={"path": str(path)[:MAX_ECHO]})
+        theirs = RecordLog(source).scan()
+        ours = self.scan()
+        known = set(ours.position)  # every id it holds, retired ones too: those stay retired
+        new = [r for r in theirs.records if r["id"] not in known]
+        retired = {theirs.records[p]["id"]: str(why.get("reason") or "forgotten") for p, why in theirs.dead.items()}
+        added = self.apply(new, force=True, verb="memory-import", progress=stage(progress, "embedding")) if new else None
+        now = self.scan()
+        todo = {rid: why for rid, why in retired.items() if now.live(rid) is not None}
+        forgot = self.apply(forget=list(todo), reasons=todo, verb="memory-import") if todo else None
+        return {"imported": added["added"] if added else 0, "already_present": len(theirs.records) - len(new),
+                "retired": len(forgot["forgotten"]) if forgot else 0, "source_lines": theirs.lines,
+                "skipped_lines": len(theirs.corrupt) + len(theirs.duplicates),
+                "warnings": theirs.warnings() + (added["warnings"] if added else [])}
 
     @_answer
     def stats(self) -> "Stats":

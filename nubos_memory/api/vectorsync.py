@@ -11,6 +11,7 @@ exceptions: the records are already safe in the log.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
@@ -20,6 +21,7 @@ import numpy as np
 from ..embed.base import fingerprint_of
 from ..errors import EmbeddingError, RebuildRequired, StoreError
 from ..index.vectors import HnswParams
+from ..progress import Progress
 from ..records import embed_text
 from ..search.snapshot import Snapshot, VectorState
 
@@ -33,8 +35,6 @@ EMBED_BATCH = 256
 BUDGET_CHUNK = 32  # texts embedded between two looks at the clock, when a call has a time budget
 SPEC_SHOWN = ("provider", "model", "files", "dim", "template", "pooling")
 
-Progress = Callable[[int, int], None]
-
 
 class VectorSync:
     """The vector side of one memory (see module docstring)."""
@@ -45,6 +45,7 @@ class VectorSync:
         self._embedder = embedder
         self.config = config
         self.params = HnswParams(config.hnsw_m, config.hnsw_ef_construction, config.hnsw_ef_search)
+        self.shared = 0  # vectors the last embed() took from the store instead of the model
 
     @property
     def embedder(self) -> "Embedder":
@@ -70,21 +71,42 @@ class VectorSync:
         spec["fingerprint"] = fingerprint_of(spec)
         return cast("Embedding", spec)
 
-    def embed(self, texts: list[str], progress: Progress | None = None) -> np.ndarray:
+    def embed(self, texts: list[str], progress: Progress | None = None, *, shared: bool = True) -> np.ndarray:
         """Embed in chunks (for progress), longest texts first: the model pads each batch to its
-        longest text, so chunks of similar lengths waste less than chunks in arrival order."""
+        longest text, so chunks of similar lengths waste less than chunks in arrival order.
+
+        A store that shares vectors between machines (the team database) is asked first for the
+        vectors of these exact texts under this model's fingerprint, and is given the ones made
+        here (unless not ``shared``: a re-embed on request); ``self.shared`` counts the vectors taken
+        from it by the last call."""
         out = np.zeros((len(texts), self.embedder.dim), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        for start in range(0, len(texts), EMBED_BATCH):
+        self.shared = 0
+        if not texts:
+            return out
+        fingerprint = self.our_embedding()["fingerprint"]
+        keys = [hashlib.sha256(t.encode("utf-8", "surrogatepass")).hexdigest()[:32] for t in texts]
+        known = self.store.shared_vectors(fingerprint, keys) if shared else {}
+        todo = []
+        for i, key in enumerate(keys):
+            vec = known.get(key)
+            if vec is not None and vec.shape == (out.shape[1],):
+                out[i] = vec
+            else:
+                todo.append(i)
+        self.shared = len(texts) - len(todo)
+        order = sorted(todo, key=lambda i: -len(texts[i]))
+        for start in range(0, len(order), EMBED_BATCH):
             chunk = order[start: start + EMBED_BATCH]
             out[chunk] = self.embedder.embed([texts[i] for i in chunk])
             if progress:
-                progress(min(start + EMBED_BATCH, len(texts)), len(texts))
+                progress(self.shared + min(start + EMBED_BATCH, len(order)), len(texts))
+        if todo:
+            self.store.share_vectors(fingerprint, {keys[i]: out[i] for i in todo})
         return out
 
     def sync(self, positions: np.ndarray | None = None, *, must: Iterable[int] = (), cap: int, blocking: bool,
-             verb: str, precomputed: dict[int, np.ndarray] | None = None, budget_s: float | None = None
-             ) -> VectorState:
+             verb: str, precomputed: dict[int, np.ndarray] | None = None, budget_s: float | None = None,
+             progress: Progress | None = None) -> VectorState:
         """Load the vector layer and embed+index the live records (``positions``; None = all) it lacks.
 
         ``must`` positions are always embedded (the records a write just
@@ -117,7 +139,7 @@ class VectorSync:
                             known[p] = np.asarray(state.index.vectors[label])
                 fresh = [p for p in todo if p not in known]
                 if fresh:
-                    fresh = self._embed_fresh(fresh, wanted, known, budget_s)
+                    fresh = self._embed_fresh(fresh, wanted, known, budget_s, progress)
                     if state.manifest is not None:
                         err = self.mismatch(state.manifest, self.embedder.dim)
                         if err:
@@ -137,12 +159,12 @@ class VectorSync:
         return state
 
     def _embed_fresh(self, fresh: list[int], wanted: set[int], known: dict[int, np.ndarray],
-                     budget_s: float | None) -> list[int]:
+                     budget_s: float | None, progress: Progress | None = None) -> list[int]:
         """Embed ``fresh`` positions into ``known``; with a budget, stop when it is spent (those a
         write must index are always embedded).  Returns the positions embedded."""
         records = self.snap.records
         if budget_s is None:
-            known.update(zip(fresh, self.embed([embed_text(records[p]) for p in fresh])))
+            known.update(zip(fresh, self.embed([embed_text(records[p]) for p in fresh], progress)))
             return fresh
         done: list[int] = []
         required = [p for p in fresh if p in wanted]

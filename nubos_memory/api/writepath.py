@@ -24,6 +24,7 @@ from ..store.recordlog import LogScan, forget_op
 
 if TYPE_CHECKING:
     from ..config import MemoryConfig
+    from ..progress import Progress
     from ..search.snapshot import Snapshot
     from ..store.base import Store
     from ..types import Record, WriteResult
@@ -55,8 +56,8 @@ class WritePath:
         self.config = config
 
     def apply(self, records: "Sequence[Record]" = (), *, forget: Sequence[str] = (), reason: str = "forgotten",
-              reasons: dict[str, str] | None = None, force: bool = False, verb: str = "memory-index"
-              ) -> "WriteResult":
+              reasons: dict[str, str] | None = None, force: bool = False, verb: str = "memory-index",
+              progress: "Progress | None" = None) -> "WriteResult":
         """Append ``records`` (validated) and retire ``forget`` ids in one change, then index.
 
         Records whose id is live are skipped; exact duplicates of live records are
@@ -70,7 +71,7 @@ class WritePath:
         checked = (scan.generation, len(scan.records), len(scan.deaths))  # the log the decisions saw
         dupes = self._exact_duplicates(records, scan) if records and not force else {}
         todo = [i for i, r in enumerate(records) if i not in dupes and scan.live(r["id"]) is None]
-        vectors, near, degraded = self._embed_ahead(records, todo, scan)
+        vectors, near, degraded = self._embed_ahead(records, todo, scan, progress)
 
         with self.store.lock(verb):
             scan, recovered = settled_scan(snap, self.store)
@@ -108,7 +109,7 @@ class WritePath:
         positions = list(range(before, before + len(new)))
         precomputed = {p: vectors[i] for p, i in zip(positions, new_index) if i in vectors}
         state = self.vectors.sync(None, must=positions, cap=self.config.max_pending_embed, blocking=True,
-                                  verb=verb, precomputed=precomputed)
+                                  verb=verb, precomputed=precomputed, progress=progress)
         stored = set(new_index)
         return {
             "added": len(new),
@@ -147,7 +148,7 @@ class WritePath:
                 dupes[i] = {"duplicate_of": scan.records[hit]["id"], "kind": "exact"}
         return dupes
 
-    def _embed_ahead(self, records: "list[Record]", todo: list[int], scan: LogScan
+    def _embed_ahead(self, records: "list[Record]", todo: list[int], scan: LogScan, progress: "Progress | None"
                      ) -> tuple[dict[int, np.ndarray], dict[int, dict[str, Any]], dict[str, Any] | None]:
         """Embed the new records before taking the lock (for their index, and to name near duplicates):
         ``(vectors by batch index, near duplicates by batch index, degraded)``."""
@@ -161,7 +162,7 @@ class WritePath:
             mismatch = self.vectors.mismatch(manifest, None) if manifest is not None else None
             if mismatch:
                 raise mismatch
-            embedded = self.vectors.embed([embed_text(records[i]) for i in todo])
+            embedded = self.vectors.embed([embed_text(records[i]) for i in todo], progress)
             live_labels = labels[(labels >= 0) & snap.alive]
             near_labels, near_sims = nearest(embedded, index, live_labels)
             for i, label, sim in zip(todo, near_labels.tolist(), near_sims.tolist()):

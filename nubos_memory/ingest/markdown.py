@@ -3,7 +3,8 @@
 * YAML frontmatter (between ``---`` lines at the top) is read with
   ``yaml.safe_load``, which builds plain data and never runs code.  Known
   keys: ``category`` (a word), ``importance`` (0–1), ``tags`` (a list or a
-  comma-separated string); others (``last_updated``, ``title``, …) are ignored.
+  comma-separated string), ``title`` (one line: the document's title, before
+  its ``#`` heading); others (``last_updated``, …) are ignored.
 * The text is split on ``##`` headings outside fenced code blocks; each chunk
   keeps its heading.  Text before the first ``##`` is a chunk of its own under
   the ``#`` title (or the file name).  A file without ``##`` headings is one
@@ -133,6 +134,9 @@ def chunk_markdown(text: str, name: str, max_tokens: int = MAX_CHUNK_TOKENS) -> 
     meta, body = parse_frontmatter(text.replace("\r\n", "\n").replace("\r", "\n"))
     category, importance, tags = _known(meta)
     title, sections = _sections(body)
+    given = meta.get("title")
+    if isinstance(given, str) and given.strip() and "\n" not in given.strip():
+        title = given.strip()
     doc = Document(title=title or name, category=category, importance=importance, tags=tags)
     for heading, lines in sections:
         content = "\n".join(lines).strip()

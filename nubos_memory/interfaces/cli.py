@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DisabledError, UsageError, failure
 from ..fsio import dumps, printable
-from ..limits import EVAL_MODES, FORMAT_ALIASES, FORMATS, FUSIONS, MODES, PROVENANCES
+from ..limits import EVAL_MODES, FORMAT_ALIASES, FORMATS, FUSIONS, MODES, PROGRESS_MODES, PROVENANCES
 from .verbs import VERBS, Context, Request, prepare, run
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ def _arguments(name: str, p: argparse.ArgumentParser) -> None:
     elif name == "memory-index":
         p.add_argument("--records-file", required=True, help="JSON array or JSONL file, '-' for stdin")
         p.add_argument("--force", action="store_true", help="store exact duplicates of live records too")
+    elif name == "memory-get":
+        p.add_argument("ids", nargs="+", metavar="ID", help="record ids (from hits, duplicate_of, supersedes)")
     elif name == "memory-forget":
         p.add_argument("ids", nargs="+", metavar="ID", help="record ids to retire")
         p.add_argument("--reason", default="forgotten", help="why (kept in the tombstone; default: forgotten)")
@@ -76,8 +79,9 @@ def _arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("positional", nargs="*", metavar="TEXT", help="query text (or --text)")
         p.add_argument("--text")
         p.add_argument("--k", type=int, default=8, help="number of hits (default 8)")
-        p.add_argument("--type")
-        p.add_argument("--phase")
+        p.add_argument("--type", help="only records of this type (an unknown type is an error listing the types)")
+        p.add_argument("--phase", help="only this phase and the phases under it (M001 finds M001-S002-T0001)")
+        p.add_argument("--phase-exact", action="store_true", help="--phase matches that phase only")
         p.add_argument("--tags", help="comma-separated; a hit needs at least one")
         p.add_argument("--alpha", type=float, help="lexical weight in [0, 1] (default from config)")
         p.add_argument("--fusion", choices=FUSIONS)
@@ -89,6 +93,10 @@ def _arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--max-tokens", type=int, help="keep the best hits that fit this many tokens (chars/4)")
         p.add_argument("--format", choices=FORMATS + tuple(FORMAT_ALIASES), default="json",
                        help="json (default), or markdown (md): a context block ready to inject")
+    elif name == "memory-export":
+        p.add_argument("file", metavar="FILE", help="where to write the records.jsonl (replaced atomically)")
+    elif name == "memory-import":
+        p.add_argument("file", metavar="FILE", help="a records.jsonl (of this or another store)")
     elif name == "memory-rebuild":
         p.add_argument("--reembed", action="store_true",
                        help="embed every record again instead of reusing vectors of unchanged text")
@@ -121,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--skip-if-disabled", action="store_true",
                        help='answer {"skipped": true, "reason": "memory-disabled"} (exit 0) when memory is off')
         _arguments(name, p)
+        if v.long:
+            p.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
+                           help="progress on stderr: a bar, JSON lines (for agents), or none "
+                                "(default auto: a bar on a terminal)")
     return parser
 
 
@@ -133,14 +145,46 @@ def check_arguments(argv: Sequence[str]) -> None:
                              details={"argument": number, "text": printable(arg)[:200]})
 
 
-def terminal_progress(stage: str, done: int, total: int) -> None:
-    """A progress bar on a terminal's stderr (stdout carries only the answer)."""
-    width = 30
-    filled = int(width * done / max(total, 1))
-    sys.stderr.write(f"\r{stage:10s} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-    if done >= total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+class ProgressPrinter:
+    """Progress reports of a long verb on stderr (stdout carries only the answer): a bar for a
+    person at a terminal, or one JSON document per line for an agent
+    (``{"progress": {"verb", "stage", "done", "total", "elapsed_s"}}``).  At most four updates a
+    second, plus the end of every stage."""
+
+    def __init__(self, verb: str, mode: str, stream: Any = None, interval: float = 0.25):
+        self.verb, self.mode, self.interval = verb, mode, interval
+        self.stream = stream if stream is not None else sys.stderr
+        self.started = time.monotonic()
+        self.stage: str | None = None
+        self.last = 0.0
+        self.open_bar = False
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        final = done >= total
+        if stage == self.stage and not final and now - self.last < self.interval:
+            return
+        if self.mode == "json":
+            self.stream.write(dumps({"progress": {"verb": self.verb, "stage": stage, "done": done, "total": total,
+                                                  "elapsed_s": round(now - self.started, 3)}}).decode() + "\n")
+        else:
+            if self.open_bar and stage != self.stage:
+                self.stream.write("\n")
+            width = 30
+            filled = int(width * done / max(total, 1))
+            self.stream.write(f"\r{stage:10s} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+            self.open_bar = not final
+            if final:
+                self.stream.write("\n")
+        self.stream.flush()
+        self.stage, self.last = stage, now
+
+
+def progress_mode(requested: str | None) -> str:
+    """``auto`` made concrete: a bar when stderr is a terminal, else nothing."""
+    if requested in (None, "auto"):
+        return "bar" if sys.stderr.isatty() else "none"
+    return requested
 
 
 def _emit(stream: Any, doc: Any) -> None:
@@ -164,13 +208,17 @@ def execute(name: str, request: Request) -> tuple[int, str, Any]:
         code, envelope = failure(exc)
         return code, "stderr", envelope
     warning = None
+    report = None
+    if VERBS[name].long:
+        request["progress"] = progress_mode(request.get("progress"))
+        report = None if request["progress"] == "none" else ProgressPrinter(name, request["progress"])
     if VERBS[name].served and not os.environ.get("NUBOS_MEMORY_NO_SERVER"):
         from .client import forward
 
-        answer, warning = forward(name, request)
+        answer, warning = forward(name, request, report)
         if answer is not None:
             return answer
-    ctx = Context(open_memory=open_memory, progress=terminal_progress if sys.stderr.isatty() else None)
+    ctx = Context(open_memory=open_memory, progress=report)
     code, stream, doc = run(name, request, ctx)
     if warning is not None and isinstance(doc, dict) and code == 0:
         doc.setdefault("warnings", []).append(warning)

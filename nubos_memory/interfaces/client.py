@@ -11,6 +11,7 @@ import socket
 import stat
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +102,11 @@ def peer_uid(sock: socket.socket) -> int | None:
     return None
 
 
-def forward(name: str, request: dict[str, Any]) -> tuple[tuple[int, str, Any] | None, dict[str, str] | None]:
+def forward(name: str, request: dict[str, Any], progress: Callable[[str, int, int], None] | None = None
+            ) -> tuple[tuple[int, str, Any] | None, dict[str, str] | None]:
     """``(the server's answer, None)``, or ``(None, why not)`` when the verb must run in-process:
-    no server, a stale socket (no warning), or a server that may not be ours (a warning)."""
+    no server, a stale socket (no warning), or a server that may not be ours (a warning).  A long
+    verb's progress reports, which the server sends ahead of its answer, go to ``progress``."""
     try:
         root = find_root(request.get("root"))
     except NubosMemoryError:
@@ -137,6 +140,10 @@ def forward(name: str, request: dict[str, Any]) -> tuple[tuple[int, str, Any] | 
             send_message(sock, {"verb": name, "args": args})
             sent = True
             reply = recv_message(sock)
+            while isinstance(reply, dict) and "progress" in reply and "code" not in reply:
+                if progress is not None:
+                    progress(*reply["progress"])
+                reply = recv_message(sock)
     except (OSError, ValueError, ConnectionError, JSONDecodeError):
         if sent and name == "memory-index":
             # Records without an id got fresh ones inside the server; redoing the batch here

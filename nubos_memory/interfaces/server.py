@@ -17,7 +17,8 @@ never waits on a half-started server: until then it works in-process.
 
 Protocol: one request per connection, each message an 8-byte big-endian length
 and a JSON document: ``{"verb": name, "args": {...request...}}`` →
-``{"code", "stream", "doc"}``.
+``{"code", "stream", "doc"}``, preceded, for a long verb whose request asks for
+progress, by ``{"progress": [stage, done, total]}`` messages.
 """
 
 from __future__ import annotations
@@ -111,8 +112,20 @@ class Server:
                 code, envelope = failure(UsageError(f"{name!r} is not served by memory-serve"))
                 reply: dict[str, Any] = {"code": code, "stream": "stderr", "doc": envelope}
             else:
+                gone = threading.Event()
+
+                def report(stage: str, done: int, total: int) -> None:
+                    """Ahead of the answer; a client that went away must not stop the work."""
+                    if not gone.is_set():
+                        try:
+                            send_message(conn, {"progress": [stage, done, total]})
+                        except OSError:
+                            gone.set()
+
+                wanted = VERBS[name].long and args.get("progress") in ("bar", "json")
                 with self.warm.use(writes=VERBS[name].writes) as mem:
-                    code, stream, doc = run(name, args, Context(open_memory=lambda _root: mem))
+                    code, stream, doc = run(name, args, Context(open_memory=lambda _root: mem,
+                                                                progress=report if wanted else None))
                 reply = {"code": code, "stream": stream, "doc": doc}
             try:
                 conn.settimeout(None)

@@ -23,6 +23,7 @@ from ..limits import FORMAT_ALIASES, MAX_BODY
 
 if TYPE_CHECKING:
     from ..api.memory import Memory
+    from ..progress import Reporter
 
 Request = dict[str, Any]
 MAX_STDIN = 256 << 20
@@ -33,7 +34,7 @@ class Context:
     """What a verb may use besides its request: how to open the memory, and where progress goes."""
 
     open_memory: Callable[[str | None], "Memory"]
-    progress: Callable[[str, int, int], None] | None = None
+    progress: "Reporter | None" = None  # (stage, done, total) of long work
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Verb:
     served: bool = True  # memory-serve answers it (the others are servers, or need no memory)
     writes: bool = False  # it changes the memory (memory-serve runs these one at a time)
     stdin: bool = False  # it may read standard input
+    long: bool = False  # it may run for minutes: it reports progress (--progress)
 
 
 VERBS: dict[str, Verb] = {}
@@ -144,13 +146,6 @@ def _memory(ctx: Context, request: Request) -> "Memory":
     return ctx.open_memory(request.get("root"))
 
 
-def _progress(ctx: Context, stage: str) -> Callable[[int, int], None] | None:
-    report = ctx.progress
-    if report is None:
-        return None
-    return lambda done, total: report(stage, done, total)
-
-
 # -- the table ------------------------------------------------------------------------------
 @verb("memory-init", "create .nubos-pilot/memory/ and enable memory for this project", served=False)
 def _init(ctx: Context, request: Request) -> Any:
@@ -183,7 +178,7 @@ def _add(ctx: Context, request: Request) -> Any:
 
 
 @verb("memory-index", "add a batch of records from a JSON array or JSONL file ('-' for stdin)", writes=True,
-      stdin=True)
+      stdin=True, long=True)
 def _index(ctx: Context, request: Request) -> Any:
     from .batchfile import MAX_BATCH_BYTES, parse_batch
 
@@ -196,7 +191,7 @@ def _index(ctx: Context, request: Request) -> Any:
         data = (request.get("stdin_text") or "").encode("utf-8", "surrogateescape")[: MAX_BATCH_BYTES + 1]
     else:
         data = read_file(path, "records-file", MAX_BATCH_BYTES)
-    return mem.index(parse_batch(data, path), force=bool(request.get("force")))
+    return mem.index(parse_batch(data, path), force=bool(request.get("force")), progress=ctx.progress)
 
 
 @verb("memory-query", "hybrid BM25 + vector search")
@@ -208,6 +203,7 @@ def _query(ctx: Context, request: Request) -> Any:
         text = " ".join(positional)
     result = _memory(ctx, request).query(
         text, k=request.get("k", 8), type=request.get("type"), phase=request.get("phase"),
+        phase_exact=bool(request.get("phase_exact")),
         tags=tags(request.get("tags")), alpha=request.get("alpha"), fusion=request.get("fusion"),
         explain=bool(request.get("explain")), mode=request.get("mode") or "hybrid",
         max_tokens=request.get("max_tokens"), collapse=not request.get("no_collapse"))
@@ -218,22 +214,41 @@ def _query(ctx: Context, request: Request) -> Any:
     return result
 
 
+@verb("memory-get", "records by id, retired ones too (marked with why and when)")
+def _get(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).get(list(request.get("ids") or []))
+
+
 @verb("memory-forget", "retire records by id (tombstones; the log stays append-only)", writes=True)
 def _forget(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).forget(list(request.get("ids") or []), reason=request.get("reason") or "forgotten")
 
 
-@verb("memory-ingest", "index markdown files and folders (CLAUDE.md, docs/, memory category files)", writes=True)
+@verb("memory-ingest", "index markdown files and folders (CLAUDE.md, docs/, memory category files)", writes=True,
+      long=True)
 def _ingest(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).ingest(
         list(request.get("paths") or []), include=request.get("include") or [],
         exclude=request.get("exclude") or [], prune_missing=bool(request.get("prune_missing")),
-        record_type=request.get("type"))
+        record_type=request.get("type"), progress=ctx.progress)
 
 
-@verb("memory-compact", "rewrite records.jsonl without retired records (backup kept), then rebuild", writes=True)
+@verb("memory-export", "write the whole log as a records.jsonl (from any store; the file store reads it as is)",
+      served=False)
+def _export(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).export(request["file"])
+
+
+@verb("memory-import", "load a records.jsonl: records whose id is new, then its tombstones (idempotent by id)",
+      served=False, writes=True, long=True)
+def _import(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).import_log(request["file"], progress=ctx.progress)
+
+
+@verb("memory-compact", "rewrite records.jsonl without retired records (backup kept), then rebuild", writes=True,
+      long=True)
 def _compact(ctx: Context, request: Request) -> Any:
-    return _memory(ctx, request).compact(_progress(ctx, "embedding"))
+    return _memory(ctx, request).compact(ctx.progress)
 
 
 @verb("memory-prune", "retire never-retrieved records older than a window, e.g. --unused-for 90d", writes=True)
@@ -241,9 +256,9 @@ def _prune(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).prune(request.get("unused_for"), dry_run=bool(request.get("dry_run")))
 
 
-@verb("memory-rebuild", "rebuild the index, keymap and manifest from records.jsonl", writes=True)
+@verb("memory-rebuild", "rebuild the index, keymap and manifest from records.jsonl", writes=True, long=True)
 def _rebuild(ctx: Context, request: Request) -> Any:
-    return _memory(ctx, request).rebuild(_progress(ctx, "embedding"), reembed=bool(request.get("reembed")))
+    return _memory(ctx, request).rebuild(ctx.progress, reembed=bool(request.get("reembed")))
 
 
 @verb("memory-stats", "counts, model, timestamps and consistency of the memory")
@@ -251,7 +266,8 @@ def _stats(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).stats()
 
 
-@verb("memory-eval", "measure retrieval quality and latency on a BEIR dataset (scratch memory)", served=False)
+@verb("memory-eval", "measure retrieval quality and latency on a BEIR dataset (scratch memory)", served=False,
+      long=True)
 def _eval(ctx: Context, request: Request) -> Any:
     from pathlib import Path
 

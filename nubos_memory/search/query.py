@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import EmbeddingError, StoreError
 from ..index import vectors as vector_index
+from ..limits import MAX_ECHO, MAX_TAGS
 from ..tokenize import tokenize
 from .dedup import collapse as collapse_near
 from .fusion import (
@@ -47,6 +48,11 @@ if TYPE_CHECKING:
     from ..embed.base import Embedder
     from ..store.recordlog import LogScan
     from ..types import Hit, QueryResult
+
+def echo(text: str) -> str:
+    """A caller's string as an answer repeats it: at most ``MAX_ECHO`` characters."""
+    return text if len(text) <= MAX_ECHO else text[: MAX_ECHO - 1] + "…"
+
 
 QUERY_EMBED_BUDGET_S = 1.0  # the most a query spends embedding records that have no vector yet
 STATS_SAMPLE = 1000  # records whose cosine stands in for the distribution in a large scope
@@ -153,8 +159,8 @@ def _vector_side(mem: Searchable, state: VectorState, text: str, scope: np.ndarr
 
 
 def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: str | None, tags: list[str],
-              alpha: float, fusion: str, explain: bool, mode: str = "hybrid", collapse: bool = True
-              ) -> "QueryResult":
+              alpha: float, fusion: str, explain: bool, mode: str = "hybrid", collapse: bool = True,
+              phase_exact: bool = False) -> "QueryResult":
     """Answer one query; never fails because of the vector layer (it reports ``degraded``).
 
     ``mode`` "lexical" or "vector" ranks by one signal only (with its neighbour context).  With
@@ -168,11 +174,16 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
     out: QueryResult = {
         "hits": [],
         "degraded": None,
-        "query": {"text": text, "k": k, "fusion": fusion, "alpha": alpha, "threshold": cfg.threshold,
-                  "filters": {"type": type, "phase": phase, "tags": tags}},
+        "query": {"text": echo(text), "k": k, "fusion": fusion, "alpha": alpha, "threshold": cfg.threshold,
+                  "filters": {"type": type, "phase": None if phase is None else echo(phase),
+                              "tags": [echo(t) for t in tags[:MAX_TAGS]]}},
         "counts": {"records": scan.live_count, "candidates": 0, "pending": 0},
         "warnings": scan.warnings(),
     }
+    if len(text) > MAX_ECHO:
+        out["query"]["text_chars"] = len(text)  # the text echoed above is its beginning
+    if phase is not None and phase_exact:
+        out["query"]["filters"]["phase_exact"] = True
     if mode != "hybrid":
         out["query"]["mode"] = mode
     terms = tokenize(text)
@@ -182,9 +193,13 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
                                     "message": "the query has only stop words or punctuation"})
         return out  # an empty store or a term-less query never loads the model
     snap = mem.snap
-    allowed = snap.allowed(type, phase, tags)
+    allowed = snap.allowed(type, phase, tags, phase_exact=phase_exact)
     scope = np.flatnonzero(snap.alive) if allowed is None else allowed
     if len(scope) == 0:
+        if scan.live_count:
+            out["warnings"].append({"code": "filters-match-nothing",
+                                    "message": "no live record passes the filters (type, phase, tags); "
+                                               "drop or widen them", "filters": out["query"]["filters"]})
         return out
     n_cand = max(cfg.candidates, k)
     contextual = fusion == "z" or mode != "hybrid"  # alpha and rrf keep their plain signals

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import StoreError
 from ..index.lexical import PostingsBM25
 from ..index.vectors import VectorIndex
-from ..records import content_hash, embed_text, lexical_text
+from ..records import content_hash, embed_text, lexical_text, phase_matches
 from ..tokenize import tokenize
 from .neighbours import gate, live_neighbours
 
@@ -163,8 +163,11 @@ class Snapshot:
             self.lexical_saved, self.lexical_saved_deaths = n, len(engine.removed)
 
     # -- filters -------------------------------------------------------------------
-    def allowed(self, type_: str | None, phase: str | None, tags: list[str]) -> np.ndarray | None:
-        """Live positions passing the filters, or None when every record qualifies."""
+    def allowed(self, type_: str | None, phase: str | None, tags: list[str], *, phase_exact: bool = False
+                ) -> np.ndarray | None:
+        """Live positions passing the filters, or None when every record qualifies.  ``phase``
+        matches its descendants in the phase hierarchy unless ``phase_exact``
+        (``records.phase_matches``)."""
         if type_ is None and phase is None and not tags:
             return None if self.alive.all() else np.flatnonzero(self.alive)
         n = len(self.types)
@@ -172,7 +175,8 @@ class Snapshot:
         if type_ is not None:
             mask &= np.fromiter((t == type_ for t in self.types), dtype=bool, count=n)
         if phase is not None:
-            mask &= np.fromiter((p == phase for p in self.phases), dtype=bool, count=n)
+            mask &= np.fromiter((phase_matches(p, phase, exact=phase_exact) for p in self.phases), dtype=bool,
+                                count=n)
         if tags:
             tagged = np.zeros(n, dtype=bool)
             for tag in tags:

@@ -19,7 +19,7 @@ semantics, and every verb works on it unchanged:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -81,6 +81,10 @@ class Store(Protocol):
         """Under the lock: replace the log by these records, keeping the old log (``memory-compact``)."""
         ...
 
+    def export_lines(self) -> Iterator[bytes]:
+        """Every line of the log, in order, as ``records.jsonl`` holds them (``memory-export``)."""
+        ...
+
     # -- the lock ------------------------------------------------------------------------------
     def lock(self, verb: str) -> AbstractContextManager[None]:
         """Hold the write lock (waiting up to ``memory.lock_timeout``; ``lock-timeout`` after)."""
@@ -99,6 +103,15 @@ class Store(Protocol):
                params: "HnswParams", alpha: float, previous: "Manifest | None", base: "VectorIndex | None" = None,
                rebuilt: bool = False) -> "Manifest":
         """Under the lock: publish a new vector generation (``base``: extend the current one)."""
+        ...
+
+    def shared_vectors(self, fingerprint: str, keys: list[str]) -> "dict[str, np.ndarray]":
+        """Vectors other processes made for these texts (keyed by a text hash) under this model
+        fingerprint; {} for a store that shares none, or when the place cannot answer."""
+        ...
+
+    def share_vectors(self, fingerprint: str, vectors: "dict[str, np.ndarray]") -> None:
+        """Offer vectors made here to other processes (best effort: they are derived data)."""
         ...
 
     def load_lexical(self, max_records: int) -> "tuple[PostingsBM25, int] | None":

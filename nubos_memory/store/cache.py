@@ -32,7 +32,17 @@ from numpy.lib import format as npformat
 
 from ..errors import StoreError
 from ..faults import crash_point
-from ..fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, fsync_dir, fsync_path, loads, read_regular
+from ..fsio import (
+    FILE_MODE,
+    JSONDecodeError,
+    atomic_write_bytes,
+    dumps,
+    ensure_dir,
+    fsync_dir,
+    fsync_path,
+    loads,
+    read_regular,
+)
 from ..index.vectors import EXACT_LIMIT, HnswParams, VectorIndex, build_hnsw, kappa, load_hnsw, order_stats
 from ..records import SCHEMA_VERSION, now_iso
 from ..trust import file_sha256, sign, verify
@@ -333,3 +343,26 @@ class DerivedCache:
                 path.unlink(missing_ok=True)
                 removed.append(name)
         return removed
+
+
+class LocalDerivedState:
+    """The derived-state part of a store whose vector generation lives in a local folder
+    (``self.folder``, through ``self.cache``): the file store's memory folder, or the team
+    database store's per-machine cache folder."""
+
+    folder: Path
+    cache: DerivedCache
+
+    def read_manifest(self) -> Manifest | None:
+        return self.cache.read_manifest()
+
+    def load_current(self) -> tuple[Manifest | None, VectorIndex | None]:
+        return self.cache.load_current()
+
+    def commit(self, *, ids: list[str], hashes: list[str], vectors: np.ndarray, embedding: dict[str, Any],
+               params: HnswParams, alpha: float, previous: Manifest | None, base: VectorIndex | None = None,
+               rebuilt: bool = False) -> Manifest:
+        """Under the lock: publish a new vector generation (``base``: extend the current one)."""
+        ensure_dir(self.folder)
+        return self.cache.commit(ids=ids, hashes=hashes, vectors=vectors, embedding=embedding, params=params,
+                                 alpha=alpha, previous=previous, base=base, rebuilt=rebuilt)

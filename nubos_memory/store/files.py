@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
 from ..faults import crash_point
-from ..fsio import atomic_write_bytes, dumps, ensure_dir
-from .cache import DerivedCache
+from ..fsio import atomic_write_bytes, dumps, ensure_dir, read_regular
+from ..trust import file_sha256
+from .cache import DerivedCache, LocalDerivedState
 from .lexcache import LexicalCache
 from .lock import WriteLock
 from .recordlog import LogScan, RecordLog
@@ -36,8 +37,7 @@ if TYPE_CHECKING:
 
     from ..config import Project
     from ..index.lexical import PostingsBM25
-    from ..index.vectors import HnswParams, VectorIndex
-    from ..types import Manifest, Record
+    from ..types import Record
 
 RECORDS = "records.jsonl"
 MEMORY_FILES = (RECORDS, RECORDS + ".torn", "manifest.json", "lexical.json", "usage.json", "usage.jsonl",
@@ -71,7 +71,7 @@ def folder_notices(folder: Path) -> list[dict[str, Any]]:
     return out
 
 
-class FileStore:
+class FileStore(LocalDerivedState):
     """The :class:`~nubos_memory.store.base.Store` of a project's memory folder."""
 
     kind = "files"
@@ -81,7 +81,7 @@ class FileStore:
         self.folder = project.memory_dir
         self.log = RecordLog(self.folder / RECORDS)
         self.cache = DerivedCache(self.folder)
-        self.lexcache = LexicalCache(self.folder, self.folder / RECORDS)
+        self.lexcache = LexicalCache(self.folder, lambda offset: file_sha256(self.folder / RECORDS, offset))
         self.usage = Usage(self.folder)
         self.write_lock = WriteLock(self.folder, lock_timeout)
         self._guarded = (project.state_dir, self.folder, project.config_path,
@@ -162,6 +162,15 @@ class FileStore:
         self.lexcache.invalidate()
         return {"backup": backup.name if before else None, "bytes": {"before": before, "after": path.stat().st_size}}
 
+    def export_lines(self) -> "Iterator[bytes]":
+        """Every line of ``records.jsonl``, as it is (a last line without its newline gets one)."""
+        try:
+            data = read_regular(self.log.path)
+        except FileNotFoundError:
+            return
+        for line in data.splitlines(keepends=True):
+            yield line if line.endswith(b"\n") else line + b"\n"
+
     # -- the lock ------------------------------------------------------------------------------
     def lock(self, verb: str) -> AbstractContextManager[None]:
         return self.write_lock.hold(verb)
@@ -170,17 +179,11 @@ class FileStore:
         return self.write_lock.try_hold(verb)
 
     # -- derived state -------------------------------------------------------------------------
-    def read_manifest(self) -> "Manifest | None":
-        return self.cache.read_manifest()
+    def shared_vectors(self, fingerprint: str, keys: list[str]) -> "dict[str, np.ndarray]":
+        return {}  # one machine: the vector generation is the only place vectors live
 
-    def load_current(self) -> "tuple[Manifest | None, VectorIndex | None]":
-        return self.cache.load_current()
-
-    def commit(self, *, ids: list[str], hashes: list[str], vectors: "np.ndarray", embedding: dict[str, Any],
-               params: "HnswParams", alpha: float, previous: "Manifest | None", base: "VectorIndex | None" = None,
-               rebuilt: bool = False) -> "Manifest":
-        return self.cache.commit(ids=ids, hashes=hashes, vectors=vectors, embedding=embedding, params=params,
-                                 alpha=alpha, previous=previous, base=base, rebuilt=rebuilt)
+    def share_vectors(self, fingerprint: str, vectors: "dict[str, np.ndarray]") -> None:
+        pass
 
     def load_lexical(self, max_records: int) -> "tuple[PostingsBM25, int] | None":
         return self.lexcache.load(max_records)

@@ -1,8 +1,9 @@
 """The persisted lexical index: ``lexical.json`` + ``lexical-<gen>.npz`` (derived, no pickle).
 
-It covers the records parsed from the first ``offset`` bytes of ``records.jsonl``
-and is trusted only if the sha256 of those bytes still matches (so any edit to
-the log other than an append invalidates it) and its description is signed with
+It covers the records parsed from the first ``offset`` bytes of the log and is
+trusted only if the store's digest of those bytes still matches (the file store:
+their sha256, so any edit to the log other than an append invalidates it; the
+database store: the namespace's epoch, which only memory-compact changes) and its description is signed with
 this user's key (``trust.py``).  Records appended after it was
 saved are tokenised on load and added in memory; writers save it again.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import io
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +23,16 @@ from ..faults import crash_point
 from ..fsio import atomic_write_bytes, dumps, loads, read_regular
 from ..index.lexical import PostingsBM25
 from ..tokenize import TOKENIZER_VERSION
-from ..trust import file_sha256, sign, verify
+from ..trust import sign, verify
 
 MANIFEST = "lexical.json"
 FORMAT = 2
 
 
 class LexicalCache:
-    def __init__(self, folder: Path, log_path: Path):
+    def __init__(self, folder: Path, digest: Callable[[int], str]):
         self.folder = folder
-        self.log_path = log_path
+        self.digest = digest  # offset -> what identifies the log's first ``offset`` bytes
 
     def load(self, max_records: int) -> tuple[PostingsBM25, int] | None:
         """The saved engine and the log offset it covers, if still valid; else None.
@@ -43,7 +45,7 @@ class LexicalCache:
             if meta.get("format") != FORMAT or meta.get("tokenizer") != TOKENIZER_VERSION or verify(meta) is False:
                 return None
             count, offset = int(meta["count"]), int(meta["offset"])
-            if count > max_records or file_sha256(self.log_path, offset) != meta["sha256"]:
+            if count > max_records or self.digest(offset) != meta["sha256"]:
                 return None
             name = Path(str(meta["file"])).name
             if (self.folder / name).is_symlink():
@@ -72,7 +74,7 @@ class LexicalCache:
         atomic_write_bytes(self.folder / name, buf.getvalue())
         crash_point("lexical-npz-written")
         meta = {"format": FORMAT, "tokenizer": TOKENIZER_VERSION, "count": engine.size, "offset": offset,
-                "sha256": file_sha256(self.log_path, offset), "file": name}
+                "sha256": self.digest(offset), "file": name}
         atomic_write_bytes(self.folder / MANIFEST, dumps(sign(meta), pretty=True))
         for old in self.folder.glob("lexical-*.npz"):
             if old.name != name:

@@ -87,7 +87,8 @@ class LogScan:
     # Where parsing stopped (just after the last applied line) and how to tell that the
     # bytes before it are still the ones parsed (inode + the last block).
     offset: int = 0
-    inode: int = -1
+    inode: int = -1  # the log's identity: the file's inode, the database namespace's epoch
+    cursor: int = 0  # the database store: the last sequence number parsed
     guard: bytes = b""
     generation: int = 0  # bumped on a full re-parse: positions of records may have changed
     position: dict[str, int] = field(default_factory=dict)  # record id -> its latest index in ``records``
@@ -243,6 +244,11 @@ class RecordLog:
         fresh = LogScan(inode=st.st_ino, generation=(scan.generation + 1) if scan is not None else 0)
         self._parse(fresh, data, 0)
         return fresh
+
+    def parse(self, scan: LogScan, data: bytes) -> None:
+        """Parse whole lines appended after what ``scan`` covers (a store that is not a file hands
+        its lines over here, so every store reads the log the same way)."""
+        self._parse(scan, data, 0)
 
     def _parse(self, scan: LogScan, data: bytes, start: int) -> None:
         """Parse ``data[start:]``, which begins at ``scan.offset`` in the file."""
@@ -434,14 +440,19 @@ class RecordLog:
         More than one line is written as a group (header, lines, commit), so
         readers see all of it or none.
         """
+        lines = self.lines(records, ops)
+        if lines:
+            self._append_bytes(b"\n".join(lines) + b"\n")
+
+    @staticmethod
+    def lines(records: Sequence[Record], ops: Sequence[dict[str, Any]] = ()) -> list[bytes]:
+        """The lines of one change: more than one line is a group (header, lines, commit line)."""
         lines = [dumps(r) for r in records] + [dumps(o) for o in ops]
-        if not lines:
-            return
         if len(lines) > 1:
             gid = secrets.token_hex(6)
             lines.insert(0, dumps({"op": "group", "lines": len(lines), "gid": gid}))
             lines.append(dumps({"op": "commit", "gid": gid}))
-        self._append_bytes(b"\n".join(lines) + b"\n")
+        return lines
 
     def _append_bytes(self, data: bytes) -> None:
         created = not self.path.exists()

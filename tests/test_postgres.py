@@ -1,0 +1,277 @@
+"""Team memory on PostgreSQL: the same verbs against a real server (no mocks).
+
+The suite starts PostgreSQL 16 from the ``pgserver`` wheel in a temp folder; set
+``NUBOS_MEMORY_TEST_DSN`` to run it against your own server instead.  Every test
+works in its own namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .conftest import HEAVY, REPO, index_records, query, rec, run_cli, run_sub, write_config
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture(scope="session")
+def pg(tmp_path_factory):
+    """``(dsn, restart)``: a DSN to a PostgreSQL server, and a function that kills it with SIGKILL and
+    starts it again (None for a server given by NUBOS_MEMORY_TEST_DSN)."""
+    given = os.environ.get("NUBOS_MEMORY_TEST_DSN")
+    if given:
+        yield given, None
+        return
+    import pgserver
+
+    folder = tmp_path_factory.mktemp("pg")
+    server = pgserver.get_server(folder, cleanup_mode="stop")
+
+    def restart(down_s: float = 0.0) -> None:
+        pid = int((Path(folder) / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(200):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        time.sleep(down_s)
+        for _ in range(60):  # its backends outlive it briefly, holding shared memory
+            try:
+                server.ensure_postgres_running()  # a stale postmaster.pid is recognised, the server started
+                return
+            except subprocess.CalledProcessError:
+                time.sleep(0.5)
+        server.ensure_postgres_running()
+
+    yield server.get_uri(), restart
+    server.cleanup()
+
+
+@pytest.fixture
+def team(pg, tmp_path, monkeypatch):
+    """A project whose memory lives in a fresh namespace of the test database (hash embedder)."""
+    dsn, _ = pg
+    monkeypatch.setenv("NUBOS_MEMORY_DSN", dsn)
+    monkeypatch.setenv("NUBOS_MEMORY_CACHE", str(tmp_path / "cache-a"))
+    root = tmp_path / "team"
+    root.mkdir()
+    assert run_cli(["memory-init", "--root", str(root)]).code == 0
+    namespace = "t-" + uuid.uuid4().hex[:12]
+    write_config(root, provider="hash", model="hash-256", lock_timeout=20.0, near_duplicate=None,
+                 backend="postgres", postgres={"namespace": namespace})
+    return root
+
+
+def files_twin(tmp_path: Path) -> Path:
+    root = tmp_path / "files"
+    root.mkdir()
+    assert run_cli(["memory-init", "--root", str(root)]).code == 0
+    write_config(root, provider="hash", model="hash-256", lock_timeout=5.0, near_duplicate=None)
+    return root
+
+
+NOTES = [rec(f"note {i} about {topic}", f"details of {topic} number {i}", id=f"n{i}", tags=[topic],
+             created_at=f"2026-10-{1 + i:02d}T00:00:00Z")
+         for i, topic in enumerate(["webhooks", "jwt", "pnpm", "invoices", "webhooks", "flags"] * 4)]
+
+
+def test_the_same_verbs_give_the_same_answers_as_the_file_store(team, tmp_path):
+    twin = files_twin(tmp_path)
+    for root in (team, twin):
+        assert index_records(root, NOTES).code == 0
+        assert run_cli(["memory-add", "--root", str(root), "--type", "learning", "--title", "Pin pnpm with corepack",
+                        "--body", "lockfile drift broke the cache", "--id", "pnpm-1",
+                        "--created-at", "2026-11-01T00:00:00Z"]).code == 0
+        assert run_cli(["memory-forget", "--root", str(root), "n2", "--reason", "wrong"]).code == 0
+    for text, extra in (("pnpm lockfile", ()), ("webhooks", ("--explain",)), ("jwt", ("--mode", "lexical")),
+                        ("invoices number", ("--type", "learning", "--k", "3"))):
+        ours, theirs = query(team, text, *extra).json, query(twin, text, *extra).json
+        assert ours["hits"] and ours["hits"] == theirs["hits"], text
+        assert ours["degraded"] is None
+    got = run_cli(["memory-get", "--root", str(team), "n2", "pnpm-1"]).json["records"]
+    assert got[0]["live"] is False and got[0]["retired"]["reason"] == "wrong" and got[1]["live"] is True
+    stats = run_cli(["memory-stats", "--root", str(team)]).json
+    assert stats["backend"] == "postgres" and stats["store"]["namespace"].startswith("t-")
+    assert stats["count"] == len(NOTES) + 1 - 1 and stats["consistency"]["consistent"], stats["consistency"]
+    dup = run_cli(["memory-add", "--root", str(team), "--type", "learning", "--title", "Pin pnpm with corepack",
+                   "--body", "lockfile drift broke the cache"]).json
+    assert dup["added"] == 0 and dup["duplicate_of"] == "pnpm-1"
+    assert run_cli(["memory-rebuild", "--root", str(team)]).json["count"] == len(NOTES)
+
+
+def test_a_second_machine_sees_the_first_ones_writes(team, tmp_path):
+    assert index_records(team, NOTES[:6]).code == 0
+    other = {"NUBOS_MEMORY_CACHE": str(tmp_path / "cache-b")}  # another machine: its own derived files
+    r = run_sub(["memory-query", "--root", str(team), "webhooks"], env=other)
+    assert r.code == 0 and r.json["hits"][0]["record"]["tags"] == ["webhooks"]
+    w = run_sub(["memory-add", "--root", str(team), "--type", "critic", "--title", "Stripe retries webhooks for 3 days",
+                 "--id", "from-b"], env=other)
+    assert w.code == 0, w.err
+    hits = query(team, "stripe retries").json["hits"]
+    assert hits[0]["id"] == "from-b"
+
+
+def test_a_machine_takes_the_vectors_another_one_made(team, tmp_path):
+    assert index_records(team, NOTES).code == 0  # machine A embeds
+    other = {"NUBOS_MEMORY_CACHE": str(tmp_path / "cache-b")}
+    r = run_sub(["memory-rebuild", "--root", str(team)], env=other)
+    assert r.code == 0 and r.json["shared"] == len(NOTES) and r.json["embedded"] == 0, r.out
+    again = run_sub(["memory-rebuild", "--root", str(team), "--reembed"], env={"NUBOS_MEMORY_CACHE": str(tmp_path / "c")})
+    assert again.json["shared"] == 0 and again.json["embedded"] == len(NOTES)  # --reembed means it
+    assert query(team, "webhooks").json["hits"] == run_sub(["memory-query", "--root", str(team), "webhooks"],
+                                                           env=other).json["hits"]
+
+
+def test_compact_keeps_a_backup_and_readers_follow(team):
+    assert index_records(team, NOTES).code == 0
+    assert run_cli(["memory-forget", "--root", str(team), "n0", "n1"]).code == 0
+    c = run_cli(["memory-compact", "--root", str(team)])
+    assert c.code == 0, c.err
+    assert c.json["kept"] == len(NOTES) - 2 and "nubos_memory_log_backup" in c.json["backup"]
+    assert query(team, "webhooks").json["hits"] and run_cli(["memory-stats", "--root", str(team)]).json["count"] == 22
+
+
+def test_export_then_import_gives_back_the_same_records(team, tmp_path):
+    twin = files_twin(tmp_path)
+    index_records(twin, NOTES)
+    run_cli(["memory-add", "--root", str(twin), "--type", "learning", "--title", "v2", "--id", "v2",
+             "--supersedes", "n3"])
+    run_cli(["memory-forget", "--root", str(twin), "n5", "--reason", "obsolete"])
+    src = twin / ".nubos-pilot/memory/records.jsonl"
+    first = run_cli(["memory-import", "--root", str(team), str(src)])
+    assert first.code == 0, first.err
+    assert first.json["imported"] == len(NOTES) + 1 and first.json["retired"] >= 1
+    again = run_cli(["memory-import", "--root", str(team), str(src)]).json
+    assert again["imported"] == 0 and again["retired"] == 0 and again["already_present"] == len(NOTES) + 1
+    out = tmp_path / "export.jsonl"
+    e = run_cli(["memory-export", "--root", str(team), str(out)])
+    assert e.code == 0 and e.json["live"] == len(NOTES) - 1
+
+    def live(path: Path) -> list[dict]:
+        from nubos_memory.store.recordlog import RecordLog
+
+        scan = RecordLog(path).scan()
+        return [scan.records[p] for p in range(len(scan.records)) if p not in scan.dead]
+
+    assert live(out) == live(src)  # same ids, fields and order of live records
+    # and the file store reads the export as is
+    back = tmp_path / "back"
+    back.mkdir()
+    assert run_cli(["memory-init", "--root", str(back)]).code == 0
+    write_config(back, provider="hash", model="hash-256")
+    (back / ".nubos-pilot/memory/records.jsonl").write_bytes(out.read_bytes())
+    stats = run_cli(["memory-stats", "--root", str(back)]).json
+    assert stats["count"] == len(NOTES) - 1
+    assert [p["code"] for p in stats["consistency"]["problems"]] == ["index-behind"]  # vectors come on first use
+    assert query(back, "flags").json["hits"][0]["id"] != "n5"
+
+
+def test_a_database_that_is_down_is_a_clear_error_naming_the_host(team, monkeypatch, tmp_path):
+    monkeypatch.setenv("NUBOS_MEMORY_DSN", f"postgresql://nobody:secret@/postgres?host={tmp_path}/nowhere")
+    for argv in (["memory-query", "x"], ["memory-add", "--type", "learning", "--title", "t"], ["memory-stats"]):
+        r = run_cli([argv[0], "--root", str(team), *argv[1:]])
+        assert r.code == 7, (argv, r.err)
+        err = r.error
+        assert err["code"] == "store-unavailable" and str(tmp_path) in err["message"]
+        assert "secret" not in r.err and "Traceback" not in r.err
+
+
+def test_no_dsn_is_a_config_error_and_the_dsn_never_comes_from_config(team, monkeypatch):
+    monkeypatch.delenv("NUBOS_MEMORY_DSN")
+    r = run_cli(["memory-stats", "--root", str(team)])
+    assert r.code == 3 and r.error["code"] == "store-dsn-missing" and r.error["details"]["env"] == "NUBOS_MEMORY_DSN"
+    write_config(team, postgres={"dsn": "postgresql://x"})
+    assert run_cli(["memory-stats", "--root", str(team)]).error["code"] == "config-invalid-value"
+
+
+WRITER = """
+import json, sys
+from nubos_memory.interfaces.cli import main
+root, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+acked = open(sys.argv[4], "a")
+for i in range(n):
+    rid = f"{who}-{i}"
+    while True:
+        code = main(["memory-add", "--root", root, "--type", "learning", "--title", f"writer {who} note {i} zq{who}x{i}",
+                     "--id", rid])
+        if code == 0:
+            acked.write(rid + "\\n"); acked.flush()
+            break
+        if code != 7:
+            sys.exit(code)
+        open(sys.argv[4] + ".down", "a").write(rid + "\\n")  # store-unavailable: the database is down; retry
+"""
+
+
+def writers(team, tmp_path, count, each, restart=None):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NUBOS_MEMORY_NO_SERVER": "1"}
+    procs = []
+    for w in range(count):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(team), f"w{w}", str(each), str(tmp_path / f"acked-{w}")],
+            env={**env, "NUBOS_MEMORY_CACHE": str(tmp_path / f"cache-{w}")},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    if restart is not None:
+        time.sleep(3.0)
+        restart(1.0)
+    for p in procs:
+        _, err = p.communicate(timeout=1200)
+        assert p.returncode == 0, err[-2000:]
+    down = sum(len(p.read_text().split()) for p in tmp_path.glob("acked-*.down"))
+    return [line for w in range(count) for line in (tmp_path / f"acked-{w}").read_text().split()], down
+
+
+def check_all_there(team, acked, tmp_path, expected):
+    stats = run_cli(["memory-stats", "--root", str(team)]).json
+    assert stats["count"] == expected and not stats["consistency"]["duplicate_ids"]
+    assert len(set(acked)) == len(acked) == expected
+    for rid in acked[:: max(1, len(acked) // 25)]:  # retrievable by its title from another machine
+        who, i = rid.split("-")
+        r = run_sub(["memory-query", "--root", str(team), f"zq{who}x{i}", "--k", "1"],
+                    env={"NUBOS_MEMORY_CACHE": str(tmp_path / "cache-0")})
+        assert r.json["hits"][0]["id"] == rid
+
+
+def test_many_machines_write_at_once(team, tmp_path):
+    count, each = (8, 250) if HEAVY else (4, 15)
+    acked, _ = writers(team, tmp_path, count, each)
+    check_all_there(team, acked, tmp_path, count * each)
+
+
+def test_a_database_killed_mid_run_loses_no_acknowledged_write(team, tmp_path, pg):
+    _, restart = pg
+    if restart is None:
+        pytest.skip("NUBOS_MEMORY_TEST_DSN names a server this suite cannot restart")
+    count, each = (8, 250) if HEAVY else (3, 40)
+    acked, down = writers(team, tmp_path, count, each, restart=restart)
+    assert down > 0  # the writers met the dead database (store-unavailable) and went on after it came back
+    check_all_there(team, acked, tmp_path, count * each)
+
+
+def test_eval_on_the_team_store_scores_like_the_file_store_and_leaves_nothing(team, tmp_path, pg):
+    from .test_evaluate import _mini_beir
+
+    _mini_beir(tmp_path / "beir")
+    twin = files_twin(tmp_path)
+    ours = run_cli(["memory-eval", "--root", str(team), "--beir", str(tmp_path / "beir"), "--no-cache"])
+    theirs = run_cli(["memory-eval", "--root", str(twin), "--beir", str(tmp_path / "beir"), "--no-cache"])
+    assert ours.code == 0, ours.err
+    for mode, m in ours.json["modes"].items():
+        assert {k: v for k, v in m.items() if k != "latency_ms"} == \
+            {k: v for k, v in theirs.json["modes"][mode].items() if k != "latency_ms"}, mode
+    import psycopg
+
+    with psycopg.connect(pg[0]) as conn:  # the scratch namespace is gone, the team's untouched
+        left = conn.execute("SELECT count(*) FROM nubos_memory_namespace WHERE namespace LIKE 'nubos-eval-%'")
+        assert left.fetchone()[0] == 0
+    assert run_cli(["memory-stats", "--root", str(team)]).json["count"] == 0
