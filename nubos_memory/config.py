@@ -25,6 +25,9 @@ ROOT_ENV = "NUBOS_PILOT_ROOT"
 
 
 
+# Settings whose value is one of a fixed set (limits.py holds the sets).
+CHOICES: dict[str, tuple[str, ...]] = {"provider": PROVIDERS, "fusion": FUSIONS, "context": CONTEXTS,
+                                       "runtime": RUNTIMES, "device": DEVICES, "backend": BACKENDS}
 DSN_ENV = "NUBOS_MEMORY_DSN"
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -120,24 +123,12 @@ def validate_section(raw: dict[str, Any], root: Path | None = None) -> MemoryCon
         if key == "enabled":
             if not isinstance(value, bool):
                 raise _bad(key, value, "true or false")
-        elif key == "provider":
-            if value not in PROVIDERS:
-                raise _bad(key, value, f"one of {list(PROVIDERS)}")
+        elif key in CHOICES:
+            if value not in CHOICES[key]:
+                raise _bad(key, value, f"one of {list(CHOICES[key])}")
         elif key == "model":
             if not isinstance(value, str) or not value.strip() or len(value) > 1024 or "\x00" in value:
                 raise _bad(key, value, "a non-empty model name or path")
-        elif key == "fusion":
-            if value not in FUSIONS:
-                raise _bad(key, value, f"one of {list(FUSIONS)}")
-        elif key == "context":
-            if value not in CONTEXTS:
-                raise _bad(key, value, f"one of {list(CONTEXTS)}")
-        elif key == "runtime":
-            if value not in RUNTIMES:
-                raise _bad(key, value, f"one of {list(RUNTIMES)}")
-        elif key == "device":
-            if value not in DEVICES:
-                raise _bad(key, value, f"one of {list(DEVICES)}")
         elif key == "types":
             if not isinstance(value, list) or not all(
                 isinstance(t, str) and t.isidentifier() and len(t) <= 32 for t in value
@@ -160,9 +151,6 @@ def validate_section(raw: dict[str, Any], root: Path | None = None) -> MemoryCon
             value = _number(key, value, 1, 10_000, integer=True)
         elif key == "near_duplicate":
             value = None if value is None else float(_number(key, value, 0.5, 1.0))
-        elif key == "backend":
-            if value not in BACKENDS:
-                raise _bad(key, value, f"one of {list(BACKENDS)}")
         elif key == "postgres":
             value = _postgres(value)
         out[key] = value

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from ..errors import InputError
 from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, ensure_dir, loads
 from ..limits import EVAL_MODES, MAX_BODY, MAX_TITLE
 from ..records import valid_id
+
+if TYPE_CHECKING:
+    from ..store.base import Store
 
 MODES = EVAL_MODES
 
@@ -200,10 +203,12 @@ def evaluate_one(source_config: dict[str, Any], folder: Path, *, split: str = "t
                                       config.get("runtime", "auto"), config.get("device", "auto"))
     emb: Embedder = CachedEmbedder(inner, default_cache_dir()) if cache else inner
     scratch = Path(tempfile.mkdtemp(prefix="nubos-eval-"))
+    scratch_store: Store | None = None  # a scratch namespace of a team database is dropped afterwards
     try:
         (scratch / STATE_DIR).mkdir()
         (scratch / STATE_DIR / CONFIG_FILE).write_bytes(dumps({"memory": config}))
         mem = Memory.open(scratch, embedder=emb)
+        scratch_store = mem.store
         ids: dict[str, str] = {}
         records = []
         for doc in corpus:
@@ -272,11 +277,11 @@ def evaluate_one(source_config: dict[str, Any], folder: Path, *, split: str = "t
             "modes": out_modes,
         }
     finally:
-        if config.get("backend") == "postgres" and "mem" in locals():
+        if scratch_store is not None and scratch_store.kind == "postgres":
             from ..store.postgres import PgStore
 
-            if isinstance(mem.store, PgStore):
-                mem.store.drop()
+            if isinstance(scratch_store, PgStore):
+                scratch_store.drop()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
