@@ -55,7 +55,7 @@ def cli_ms(root: Path, *args: str) -> float:
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def scifact(work: Path, pg: dict) -> dict:
@@ -87,6 +87,7 @@ def scale(work: Path, pg: dict, size: int, queries: int) -> dict:
     asks = [r["title"][:60] for r in records[:: max(1, len(records) // queries)]][:queries]
     base = {"provider": "hash", "model": "hash-384", "near_duplicate": None}
     out: dict = {"records": len(records), "queries": len(asks), "embedder": "hash-384 (no model time)"}
+    answers: dict[str, list] = {}
     for name, memory in (("files", base), ("postgres", {**base, **pg})):
         root = project(work / f"scale-{name}", memory)
         mem = Memory.open(root)
@@ -101,15 +102,58 @@ def scale(work: Path, pg: dict, size: int, queries: int) -> dict:
             t = time.perf_counter()
             mem.query(q, track=False)
             lat.append((time.perf_counter() - t) * 1000)
+        answers[name] = [[h["id"] for h in mem.query(q, track=False)["hits"]] for q in asks]
         cold = [cli_ms(root, "memory-query", asks[i]) for i in range(5)]
         add = [cli_ms(root, "memory-add", "--type", "learning", "--title", f"bench note {uuid.uuid4().hex}")
                for _ in range(3)]
         out[name] = {"index_s": round(index_s, 1), "warm_p50_ms": round(statistics.median(lat), 2),
                      "warm_p95_ms": round(pct(lat, 95), 2), "cold_query_ms": round(statistics.median(cold)),
                      "cold_add_ms": round(statistics.median(add))}
+        if name == "postgres":
+            out[name].update(pgvector_side(mem, asks))
+            t = time.perf_counter()  # a second machine: its own cache, vectors from the database
+            proc = subprocess.run([sys.executable, "-m", "nubos_memory", "memory-rebuild", "--root", str(root)],
+                                  capture_output=True, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(REPO), "NUBOS_MEMORY_NO_SERVER": "1",
+                                       "NUBOS_MEMORY_CACHE": str(work / "cache-second-machine")})
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            out[name]["second_machine_rebuild_s"] = round(time.perf_counter() - t, 1)
+            out[name]["second_machine_shared"] = json.loads(proc.stdout).get("shared")
         print(f"scale {name}: {out[name]}", file=sys.stderr)
     out["warm_ratio"] = round(out["postgres"]["warm_p50_ms"] / out["files"]["warm_p50_ms"], 2)
+    out["same_top10"] = round(sum(a == b for a, b in zip(answers["files"], answers["postgres"])) / len(asks), 3)
     return out
+
+
+def pgvector_side(mem: Memory, asks: list[str]) -> dict:
+    """The database's HNSW index: its size, whether the planner uses it, how long a candidate query
+    takes, and how many of the exact top-100 it proposes (recall@100 of the candidates)."""
+    import numpy as np
+
+    store = mem.store
+    manifest, index = store.load_current()
+    fingerprint, dim = manifest["embedding"]["fingerprint"], manifest["embedding"]["dim"]
+    name = store.index_name(fingerprint)
+    with store.db() as conn:
+        sizes = conn.execute("SELECT pg_relation_size(%s::regclass), pg_total_relation_size('nubos_memory_embeddings')",
+                             (name,)).fetchone()
+    recall, ms = [], []
+    for q in asks:
+        vec = mem.embedder.embed([q])[0]
+        t = time.perf_counter()
+        keys = store.nearest(fingerprint, dim, vec, 100, 100)
+        ms.append((time.perf_counter() - t) * 1000)
+        exact = set(np.argsort(-(np.asarray(index.vectors) @ vec))[:100].tolist())
+        labels = {index.label_of_hash(k) for k in keys}
+        recall.append(len(exact & labels) / 100)
+    with store.db() as conn:
+        plan = [r[0] for r in conn.execute(
+            f"EXPLAIN SELECT key FROM nubos_memory_embeddings WHERE namespace = %s AND fingerprint = %s "
+            f"ORDER BY embedding::vector({int(dim)}) <=> %b::vector({int(dim)}) LIMIT 100",
+            (store.namespace, fingerprint, vec), prepare=False).fetchall()]
+    return {"hnsw_index_mb": round(sizes[0] / 2**20, 1), "embeddings_table_mb": round(sizes[1] / 2**20, 1),
+            "planner_uses_index": any(name in line for line in plan),
+            "candidates_p50_ms": round(statistics.median(ms), 2), "candidates_recall@100": round(sum(recall) / len(recall), 4)}
 
 
 def main() -> None:
@@ -147,6 +191,10 @@ def main() -> None:
             print(f"| {m} | {result['scifact']['files']['ndcg@10'][m]} | {result['scifact']['postgres']['ndcg@10'][m]} "
                   f"| {d:+.4f} |")
     s = result["scale"]
+    p = s["postgres"]
+    print(f"\npgvector HNSW: {p['hnsw_index_mb']} MB index, {p['embeddings_table_mb']} MB table, planner uses it: "
+          f"{p['planner_uses_index']}, candidates p50 {p['candidates_p50_ms']} ms, recall@100 {p['candidates_recall@100']}; "
+          f"same top-10 as the file store: {s['same_top10']}; second machine rebuild {p['second_machine_rebuild_s']} s")
     print(f"\n| {s['records']:,} records | index s | warm p50 ms | warm p95 ms | cold query ms | cold add ms |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name in ("files", "postgres"):

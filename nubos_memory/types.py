@@ -51,6 +51,7 @@ class Manifest(TypedDict, total=False):
     appended_to: str | None
     embedding: Embedding
     hnsw: dict[str, Any]
+    candidates: dict[str, Any]  # where vector candidates come from, when not the local graph (adr/0014)
     alpha: float
     files: dict[str, dict[str, Any]] | None
     covers: dict[str, Any]
@@ -147,6 +148,7 @@ class Stats(TypedDict, total=False):
     rebuilt_at: str | None
     updated_at: str | None
     hnsw: dict[str, Any] | None
+    candidates: dict[str, Any]  # the team database: where vector candidates come from (adr/0014)
     fingerprint: str | None
     consistency: Consistency
     backend: str

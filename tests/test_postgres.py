@@ -7,6 +7,7 @@ works in its own namespace.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -275,3 +276,184 @@ def test_eval_on_the_team_store_scores_like_the_file_store_and_leaves_nothing(te
         left = conn.execute("SELECT count(*) FROM nubos_memory_namespace WHERE namespace LIKE 'nubos-eval-%'")
         assert left.fetchone()[0] == 0
     assert run_cli(["memory-stats", "--root", str(team)]).json["count"] == 0
+
+
+MANY = [rec(f"entry {i} on {topic} {i % 7}", f"what we learned about {topic}, case {i}", id=f"m{i}",
+            type="critic" if i % 10 == 0 else "learning", tags=[topic], created_at="2026-10-01T00:00:00Z")
+        for i, topic in enumerate(["queues", "caching", "retries", "schemas", "billing", "auth"] * 15)]
+
+
+def test_vector_candidates_come_from_the_pgvector_hnsw_index(team, tmp_path, pg, monkeypatch):
+    """Above the exact-scan limit the database's HNSW index proposes the candidates: it exists,
+    the planner uses it, and answers match the file store's (filters included)."""
+    import psycopg
+
+    from nubos_memory.index import vectors as vi
+    from nubos_memory.store.postgres import PgStore
+
+    monkeypatch.setattr(vi, "EXACT_LIMIT", 30)  # make this small memory a "large" one
+    asked: list[int] = []
+    nearest = PgStore.nearest
+
+    def spy(self, fingerprint, dim, q, want, ef):
+        asked.append(want)
+        return nearest(self, fingerprint, dim, q, want, ef)
+
+    monkeypatch.setattr(PgStore, "nearest", spy)
+    twin = files_twin(tmp_path)
+    for root in (team, twin):
+        write_config(root, candidates=12)  # fewer candidates than records: the index's choice matters
+        r = index_records(root, MANY)
+        assert r.code == 0, r.err
+        assert run_cli(["memory-forget", "--root", str(root), "m1", "m2", "m3"]).code == 0
+    for text, extra in (("retries case 14", ()), ("caching", ("--mode", "vector", "--k", "10")),
+                        ("billing schemas", ("--explain",)), ("learned retries", ("--type", "critic", "--k", "5"))):
+        ours, theirs = query(team, text, *extra).json, query(twin, text, *extra).json
+        assert ours["degraded"] is None and ours["hits"] and ours["hits"] == theirs["hits"], text
+    assert asked and all(w >= 12 + 3 for w in asked)  # over-fetched past the forgotten rows
+    vector_hits = query(team, "caching", "--mode", "vector", "--k", "20").json["hits"]
+    assert len(vector_hits) == 20 and not {"m1", "m2", "m3"} & {h["id"] for h in vector_hits}
+    decisions = query(team, "auth", "--type", "critic", "--k", "9", "--mode", "vector").json["hits"]
+    assert len(decisions) == 9 and all(h["record"]["type"] == "critic" for h in decisions)  # exact scan
+
+    from nubos_memory.config import load_project
+
+    store = PgStore(load_project(team), 5.0)
+    manifest = run_cli(["memory-stats", "--root", str(team)]).json
+    fingerprint = manifest["fingerprint"]
+    name = store.index_name(fingerprint)
+    with psycopg.connect(pg[0], autocommit=True) as conn:
+        valid = conn.execute("SELECT i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_class c "
+                             "JOIN pg_index i ON i.indexrelid = c.oid WHERE c.relname = %s", (name,)).fetchone()
+        assert valid and valid[0] and "hnsw" in valid[1] and "vector_cosine_ops" in valid[1]
+        rows = conn.execute("SELECT count(*) FROM nubos_memory_embeddings WHERE namespace = %s AND fingerprint = %s",
+                            (store.namespace, fingerprint)).fetchone()[0]
+        assert rows == len(MANY)
+        conn.execute("SET enable_seqscan = off")  # on 90 rows a sort is cheaper: ask whether the
+        conn.execute("SET enable_sort = off")  # index can serve this query's predicate and expression
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN SELECT key FROM nubos_memory_embeddings WHERE namespace = %s AND fingerprint = %s "
+            "ORDER BY embedding::vector(256) <=> (SELECT embedding FROM nubos_memory_embeddings LIMIT 1)::vector(256) "
+            "LIMIT 10", (store.namespace, fingerprint), prepare=False).fetchall())
+        assert name in plan, plan
+    # memory-rebuild recreates it from the log: only live texts stay, and answers are unchanged
+    before = query(team, "retries case 14").json["hits"]
+    assert run_cli(["memory-rebuild", "--root", str(team)]).code == 0
+    with psycopg.connect(pg[0]) as conn:
+        rows = conn.execute("SELECT count(*) FROM nubos_memory_embeddings WHERE namespace = %s AND fingerprint = %s",
+                            (store.namespace, fingerprint)).fetchone()[0]
+    assert rows == len(MANY) - 3
+    assert query(team, "retries case 14").json["hits"] == before
+
+
+def test_prune_counts_every_machines_retrievals(team, tmp_path):
+    """Usage is the namespace's, not one machine's: a record another machine retrieves is kept."""
+    old = [rec(f"old note {i} about {t}", id=f"o{i}", created_at="2026-01-01T00:00:00Z")
+           for i, t in enumerate(["kafka", "redis", "nginx", "terraform"])]
+    assert index_records(team, old).code == 0
+    time.sleep(1.2)
+    other = {"NUBOS_MEMORY_CACHE": str(tmp_path / "cache-b")}
+    r = run_sub(["memory-query", "--root", str(team), "kafka", "--k", "1"], env=other)
+    assert r.json["hits"][0]["id"] == "o0"
+    plan = run_cli(["memory-prune", "--root", str(team), "--unused-for", "1s", "--dry-run"]).json
+    assert sorted(plan["retired"]) == ["o1", "o2", "o3"] and plan["kept"]["retrieved"] == 1, plan
+
+
+def test_a_database_without_pgvector_is_a_clear_error(team, pg, monkeypatch):
+    """A role that may not create the extension is told what a database owner must do."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    dsn, restart = pg
+    if restart is None:
+        pytest.skip("needs a server where this suite may create roles and databases")
+    name = "noext_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {name} LOGIN")
+        conn.execute(f"CREATE DATABASE {name} OWNER {name}")
+    monkeypatch.setenv("NUBOS_MEMORY_DSN", make_conninfo(dsn, user=name, dbname=name))
+    r = run_cli(["memory-add", "--root", str(team), "--type", "learning", "--title", "t"])
+    assert r.code == 7 and r.error["code"] == "store-pgvector-missing", r.err
+    assert "CREATE EXTENSION vector" in r.error["message"] and "Traceback" not in r.err
+    with psycopg.connect(make_conninfo(dsn, dbname=name), autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION vector")  # a superuser creates it once: the role goes on
+    assert run_cli(["memory-add", "--root", str(team), "--type", "learning", "--title", "t"]).code == 0
+    # A role with the table GRANTs but not the table's owner may not build the HNSW index: writes
+    # and queries go on (the exact scan serves) and memory-stats says why.
+    from nubos_memory.index import vectors as vi
+
+    monkeypatch.setattr(vi, "EXACT_LIMIT", 30)
+    agent = name + "_agent"
+    with psycopg.connect(make_conninfo(dsn, dbname=name), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {agent} LOGIN")
+        conn.execute(f"GRANT USAGE, CREATE ON SCHEMA public TO {agent}")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON nubos_memory_log, nubos_memory_namespace, "
+                     f"nubos_memory_log_backup, nubos_memory_embeddings, nubos_memory_usage TO {agent}")
+    monkeypatch.setenv("NUBOS_MEMORY_DSN", make_conninfo(dsn, user=agent, dbname=name))
+    r = index_records(team, MANY)
+    assert r.code == 0, r.err
+    hits = query(team, "retries case 14").json
+    assert hits["degraded"] is None and hits["hits"][0]["id"] == "m14"
+    candidates = run_cli(["memory-stats", "--root", str(team)]).json["candidates"]
+    assert candidates["index"] is None and "owner" in candidates["index_refused"], candidates
+
+
+def test_a_record_written_where_no_model_works_gets_its_vector_from_a_machine_that_has_one(team, tmp_path,
+                                                                                          monkeypatch):
+    from nubos_memory.embed.hashing import HashEmbedder
+    from nubos_memory.errors import EmbeddingError
+
+    def broken(self, texts):
+        raise EmbeddingError("no model on this machine", code="embedding-unavailable")
+
+    with monkeypatch.context() as m:
+        m.setattr(HashEmbedder, "embed", broken)
+        r = run_cli(["memory-add", "--root", str(team), "--type", "learning", "--title", "Rotate the signing key yearly",
+                     "--id", "k1"])
+        assert r.code == 0 and r.json["degraded"]["code"] == "embedding-unavailable"
+    other = {"NUBOS_MEMORY_CACHE": str(tmp_path / "cache-b")}  # a machine whose model works
+    b = run_sub(["memory-query", "--root", str(team), "signing key", "--mode", "vector"], env=other)
+    assert b.code == 0 and b.json["degraded"] is None and b.json["hits"][0]["id"] == "k1"
+    embedded: list[str] = []
+    real = HashEmbedder.embed
+
+    def counting(self, texts):
+        embedded.extend(texts)
+        return real(self, texts)
+
+    with monkeypatch.context() as m:  # the first machine takes that vector: it embeds only the query
+        m.setattr(HashEmbedder, "embed", counting)
+        a = query(team, "signing key", "--mode", "vector").json
+        assert a["degraded"] is None and a["hits"][0]["id"] == "k1"
+    assert embedded == ["signing key"]
+
+
+def test_a_big_batch_rebuilds_the_hnsw_index_in_bulk_and_a_small_one_extends_it(team, pg, monkeypatch):
+    """Row-by-row inserts into pgvector's HNSW index cost ~9 rows of a bulk build each: a batch that
+    would cost more drops the index and builds it again; a small one inserts into it."""
+    import psycopg
+
+    from nubos_memory.index import vectors as vi
+    from nubos_memory.store import postgres
+
+    monkeypatch.setattr(vi, "EXACT_LIMIT", 30)
+    monkeypatch.setattr(postgres, "BULK_MIN", 20)
+
+    def index_oid() -> int | None:
+        with psycopg.connect(pg[0]) as conn:
+            row = conn.execute("SELECT c.oid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid "
+                               "WHERE c.relname LIKE 'nubos_memory_hnsw_%%' AND i.indisvalid AND "
+                               "pg_get_expr(i.indpred, i.indrelid) LIKE %s", (f"%{namespace}%",)).fetchone()
+        return row[0] if row else None
+
+    namespace = json.loads((team / ".nubos-pilot/config.json").read_text())["memory"]["postgres"]["namespace"]
+    assert index_records(team, MANY[:40]).code == 0
+    first = index_oid()
+    assert first is not None
+    assert index_records(team, MANY[40:50]).code == 0  # 10 rows: inserted into the index
+    assert index_oid() == first
+    assert index_records(team, MANY[50:]).code == 0  # 40 new rows on 50: built again
+    second = index_oid()
+    assert second is not None and second != first
+    hits = query(team, "retries case 86", "--mode", "vector").json
+    assert hits["degraded"] is None and hits["hits"][0]["id"] == "m86"

@@ -101,6 +101,7 @@ def collect_stats(mem: "Memory") -> Stats:
         "rebuilt_at": (manifest or {}).get("rebuilt_at"),
         "updated_at": (manifest or {}).get("updated_at"),
         "hnsw": (manifest or {}).get("hnsw"),
+        **({"candidates": (manifest or {})["candidates"]} if "candidates" in (manifest or {}) else {}),
         "fingerprint": embedding.get("fingerprint"),
         "consistency": {
             "records": scan.live_count,

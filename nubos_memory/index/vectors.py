@@ -7,21 +7,32 @@ from the stored vectors; HNSW only proposes candidates.  Up to
 fast as HNSW and exact; above, HNSW is faster by a margin that grows with the
 memory (adr/0006 has the measurements).
 
+A store may propose candidates itself (``VectorIndex.ann``: the team
+database's pgvector HNSW index, store/postgres.py) instead of a local graph;
+its proposals are checked and scored against the stored vectors like HNSW's,
+and when it cannot give enough of them the exact scan answers.
+
 Deterministic builds: one thread, a fixed seed, insertion in label order, so
 the same vectors give byte-identical index files.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+# A store's own nearest-neighbour search: (unit query, how many) -> labels, best first, or None
+# when it cannot answer (the exact scan answers instead).
+Ann = Callable[[np.ndarray, int], "np.ndarray | None"]
+
 EXACT_LIMIT = 5_000
 HNSW_SEED = 100
 OVERFETCH_MAX = 512  # HNSW still serves a query that excludes at most this many rows
+ANN_SLACK = 64  # extra rows asked of a store's own candidate index (rows this machine has not indexed yet)
 KAPPA_MIN_ROWS = 16  # fewer rows than this are too few to tell their order's coherence from chance
 
 
@@ -120,6 +131,7 @@ class VectorIndex:
         self.hnsw_path = hnsw_path
         self.ef_search = ef_search
         self._hnsw: Any = None
+        self.ann: Ann | None = None  # a store's candidate index, used instead of the graph (module docstring)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -163,15 +175,25 @@ class VectorIndex:
     def top(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Best ``k`` labels by cosine (optionally only among ``allowed`` labels).
 
-        HNSW on a large index when at most ``OVERFETCH_MAX`` rows are excluded
-        (forgotten records, records whose text changed): it asks for that many
-        more and drops them.  An exact scan otherwise (small index, filters).
+        HNSW (or the store's ``ann``) on a large index when at most
+        ``OVERFETCH_MAX`` rows are excluded (forgotten records, records whose
+        text changed): it asks for that many more and drops them.  An exact
+        scan otherwise (small index, filters, too few proposals).
         """
         n = len(self)
         if n == 0 or k <= 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
         excluded = 0 if allowed is None else n - len(allowed)
-        if n > EXACT_LIMIT and self.hnsw_path is not None and excluded <= OVERFETCH_MAX:
+        if n > EXACT_LIMIT and self.ann is not None and excluded <= OVERFETCH_MAX:
+            found = self.ann(query, min(k + excluded + ANN_SLACK, n))
+            if found is not None:
+                if allowed is not None and excluded:
+                    found = found[np.isin(found, allowed)]
+                if len(found) >= min(k, n - excluded):  # enough of them: else the exact scan below
+                    sims = np.asarray(self.vectors[found] @ query, dtype=np.float32)
+                    order = np.lexsort((found, -sims))[:k]  # by exact cosine, ties by label
+                    return found[order], sims[order]
+        elif n > EXACT_LIMIT and self.hnsw_path is not None and excluded <= OVERFETCH_MAX:
             index = self.hnsw()
             want = min(k + excluded, n)
             index.set_ef(max(self.ef_search, want))

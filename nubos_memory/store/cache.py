@@ -2,7 +2,8 @@
 
 A generation is three files written once and never modified::
 
-    index-<gen>.hnsw      hnswlib graph (label i = row i)
+    index-<gen>.hnsw      hnswlib graph (label i = row i); none where the store proposes
+                          candidates itself (the team database's pgvector index)
     keymap-<gen>.json     {"format", "ids": [...], "hashes": [...]}  label ↔ record id
     vectors-<gen>.npy     float32 (n, dim), the stored unit vectors (loaded without pickle)
 
@@ -112,8 +113,9 @@ def _names(gen: str) -> dict[str, str]:
 class DerivedCache:
     """Reads and commits the derived files of one memory folder."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, graph: bool = True):
         self.folder = folder
+        self.graph = graph  # False: no hnswlib graph (the store proposes candidates itself: adr/0014)
         self.written: str | None = None  # the generation this process committed last: checksums computed while writing
         self._last: tuple[bytes, dict[str, Any]] | None = None  # the manifest's bytes and document, verified
 
@@ -173,7 +175,7 @@ class DerivedCache:
             return VectorIndex([], [], np.zeros((0, dim or 1), dtype=np.float32), None, ef)
         files = manifest.get("files") or {}
         paths = {k: self.folder / str(v.get("name", "")) for k, v in files.items() if isinstance(v, dict)}
-        for key in ("index", "keymap", "vectors"):
+        for key in ("index", "keymap", "vectors") if self.graph else ("keymap", "vectors"):
             path = paths.get(key)
             if path is None or path.name != Path(path.name).name or not path.is_file():
                 raise StoreError(f"derived {key} file is missing; run memory-rebuild", code="index-missing",
@@ -209,9 +211,9 @@ class DerivedCache:
                              details={"file": paths["vectors"].name}) from None
         # The graph is fed to hnswlib, which trusts its input: only a verified manifest's, and only
         # after its own checksum matches (checked here when it will be searched, else on first use).
-        graph = paths["index"] if manifest.get("_verified") else None
+        graph = paths["index"] if manifest.get("_verified") and self.graph else None
         index = VectorIndex(ids, hashes, vectors, graph, ef, vectors_path=paths["vectors"],
-                            hnsw_sha256=files["index"].get("sha256"))
+                            hnsw_sha256=(files.get("index") or {}).get("sha256"))
         if ours:
             index.trust_graph()
         elif graph is not None and count > EXACT_LIMIT:
@@ -246,13 +248,15 @@ class DerivedCache:
         previous: Manifest | None,
         base: VectorIndex | None = None,
         rebuilt: bool = False,
+        extra: dict[str, Any] | None = None,
     ) -> Manifest:
         """Write a new generation and swap the manifest in; return the new manifest.
 
         With ``base`` (the current generation), ``vectors`` are only the rows
         appended after base's, whose rows, keymap entries and graph are kept
         (the graph is extended).  Without it, ``vectors`` are every row and a
-        fresh graph is built (the deterministic rebuild path).
+        fresh graph is built (the deterministic rebuild path).  Without a graph (``self.graph``
+        False) only keymap and vectors are written.  ``extra``: more manifest fields of the store's.
         """
         gen = f"{int(time.time() * 1000):x}-{secrets.token_hex(3)}"
         base_gen = (previous or {}).get("generation")
@@ -265,17 +269,19 @@ class DerivedCache:
                 base = None  # an empty generation: nothing to extend
             if count:
                 vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-                if base is not None and base.hnsw_path is not None:
-                    base.verify_graph()  # hnswlib trusts what it reads: only the graph the manifest names
-                    graph = load_hnsw(base.hnsw_path, base.dim, capacity=count)
-                    graph = build_hnsw(vectors, params, base=graph)
-                elif base is not None:  # no graph to extend (no signing key): one over every row
-                    graph = build_hnsw(np.concatenate([np.asarray(base.vectors, dtype=np.float32), vectors]), params)
-                else:
-                    graph = build_hnsw(vectors, params)
                 index_path = self.folder / names["index"]
-                written.append(index_path)
-                graph.save_index(str(index_path))
+                if self.graph:
+                    if base is not None and base.hnsw_path is not None:
+                        base.verify_graph()  # hnswlib trusts what it reads: only the graph the manifest names
+                        graph = load_hnsw(base.hnsw_path, base.dim, capacity=count)
+                        graph = build_hnsw(vectors, params, base=graph)
+                    elif base is not None:  # no graph to extend (no signing key): one over every row
+                        graph = build_hnsw(np.concatenate([np.asarray(base.vectors, dtype=np.float32), vectors]),
+                                           params)
+                    else:
+                        graph = build_hnsw(vectors, params)
+                    written.append(index_path)
+                    graph.save_index(str(index_path))
                 keymap_path = self.folder / names["keymap"]
                 written.append(keymap_path)
                 keymap = dumps({"format": CACHE_FORMAT, "ids": ids, "hashes": hashes})
@@ -283,10 +289,14 @@ class DerivedCache:
                     f.write(keymap)
                 vectors_path = self.folder / names["vectors"]
                 written.append(vectors_path)
-                digests = {"index": file_sha256(index_path), "keymap": hashlib.sha256(keymap).hexdigest(),
+                digests = {"keymap": hashlib.sha256(keymap).hexdigest(),
                            "vectors": _write_vectors(vectors_path, vectors, base)}
+                paths = [("keymap", keymap_path), ("vectors", vectors_path)]
+                if self.graph:
+                    digests["index"] = file_sha256(index_path)
+                    paths.insert(0, ("index", index_path))
                 files = {}
-                for key, path in (("index", index_path), ("keymap", keymap_path), ("vectors", vectors_path)):
+                for key, path in paths:
                     os.chmod(path, FILE_MODE)
                     fsync_path(path)
                     files[key] = {"name": path.name, "bytes": path.stat().st_size, "sha256": digests[key]}
@@ -311,6 +321,7 @@ class DerivedCache:
                 "created_at": (previous or {}).get("created_at") or now,
                 "rebuilt_at": now if rebuilt else (previous or {}).get("rebuilt_at"),
                 "updated_at": now,
+                **(extra or {}),
             }
             manifest = cast(Manifest, sign(doc))
             atomic_write_bytes(self.manifest_path, dumps(manifest, pretty=True))

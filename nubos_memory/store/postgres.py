@@ -4,11 +4,14 @@ Team memory for many agents on many machines (adr/0014).  What is shared
 lives in the database; what is derived lives on each machine::
 
     nubos_memory_log        (namespace, seq, line)  the log: the same lines as records.jsonl, in order
-    nubos_memory_namespace  (namespace, epoch)      bumped when memory-compact rewrites the log
+    nubos_memory_namespace  (namespace, epoch, usage_since)  epoch bumped when memory-compact rewrites the log
     nubos_memory_log_backup (namespace, epoch, seq, line)  the log before each memory-compact
-    nubos_memory_vectors    (namespace, fingerprint, key, vector)  vectors by text hash, shared (derived)
+    nubos_memory_embeddings (namespace, fingerprint, key, embedding vector)  derived: one vector per
+                            embedded text (key: its hash) under a model fingerprint, with a pgvector
+                            HNSW index (vector_cosine_ops) per namespace and fingerprint
+    nubos_memory_usage      (namespace, id, count, last)  retrievals, for memory-prune (derived)
 
-    ~/.cache/nubos-memory/postgres/<host-db-namespace>/   vector generation, usage (this machine's)
+    ~/.cache/nubos-memory/postgres/<host-db-namespace>/   keymap, vectors, lexical postings (this machine's)
 
 * **The log** is the source of truth, as in the file store: record lines,
   tombstones and groups are the same bytes (``recordlog.py`` parses them), so
@@ -19,13 +22,19 @@ lives in the database; what is derived lives on each machine::
   level, on this store's connection), held from read → decide → append →
   commit, so dedup, supersede and forget decide on the log as it is across
   every machine, and sequence order is commit order.
-* **Derived state** (vector generation, graph, keymap, usage) is built from
-  the log on each machine, in its own cache folder, with the same code as the
-  file store: scores are the same numbers (the lexical postings are saved
-  there too, keyed by the namespace's epoch).  Vectors are shared: a text's
-  vector under a model fingerprint is stored once in ``nubos_memory_vectors``
-  (float32 bytes, exactly the numbers its maker computed), so a machine embeds
-  only texts no machine has embedded.
+* **Vectors and candidates live in the database**: a text's vector under a
+  model fingerprint is stored once in ``nubos_memory_embeddings`` (pgvector
+  keeps float4: exactly the numbers its maker computed), so a machine embeds
+  only texts no machine has embedded, and above ``EXACT_LIMIT`` records the
+  pgvector HNSW index proposes the vector candidates (over-fetching past
+  excluded rows, as the file store's graph does; pgvector 0.6 has no iterative
+  scans).  Every machine's commit first publishes its rows there, so the
+  index covers every vector a machine searches with.
+* **What scores come from stays per machine** (the keymap and vectors of the
+  records, the lexical postings keyed by the namespace's epoch), built from
+  the log by the same code as the file store's: a record's BM25 and cosine
+  are the same numbers, and fusion needs every in-scope record's cosine for
+  its statistics (adr/0014).  No local graph is built.
 
 A database that is down or refuses us is ``store-unavailable`` (exit 7) naming
 the host, never a traceback and never an empty answer.  All SQL is
@@ -50,31 +59,46 @@ from ..userdirs import user_cache_dir
 from .cache import DerivedCache, LocalDerivedState
 from .lexcache import LexicalCache
 from .recordlog import LogScan, RecordLog
-from .usage import Usage
 
 if TYPE_CHECKING:
     import numpy as np
 
     from ..config import Project
     from ..index.lexical import PostingsBM25
-    from ..types import Record
+    from ..index.vectors import HnswParams, VectorIndex
+    from ..types import Manifest, Record
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS nubos_memory_namespace (
            namespace text PRIMARY KEY, epoch bigint NOT NULL DEFAULT 0,
            created_at timestamptz NOT NULL DEFAULT now())""",
+    # Usage is tracked from a namespace's creation on (and, for one older than this column, from now).
+    """ALTER TABLE nubos_memory_namespace ADD COLUMN IF NOT EXISTS usage_since double precision
+           DEFAULT extract(epoch FROM now())""",
     """CREATE TABLE IF NOT EXISTS nubos_memory_log (
            namespace text NOT NULL, seq bigint GENERATED ALWAYS AS IDENTITY, line text NOT NULL,
            PRIMARY KEY (namespace, seq))""",
-    """CREATE TABLE IF NOT EXISTS nubos_memory_vectors (
-           namespace text NOT NULL, fingerprint text NOT NULL, key text NOT NULL, vector bytea NOT NULL,
+    """CREATE TABLE IF NOT EXISTS nubos_memory_embeddings (
+           namespace text NOT NULL, fingerprint text NOT NULL, key text NOT NULL, embedding vector NOT NULL,
            PRIMARY KEY (namespace, fingerprint, key))""",
+    """CREATE TABLE IF NOT EXISTS nubos_memory_usage (
+           namespace text NOT NULL, id text NOT NULL, count bigint NOT NULL, last double precision NOT NULL,
+           PRIMARY KEY (namespace, id))""",
     """CREATE TABLE IF NOT EXISTS nubos_memory_log_backup (
            namespace text NOT NULL, epoch bigint NOT NULL, seq bigint NOT NULL, line text NOT NULL,
            saved_at timestamptz NOT NULL DEFAULT now())""",
 )
+TABLES = ("nubos_memory_namespace", "nubos_memory_log", "nubos_memory_log_backup", "nubos_memory_embeddings",
+          "nubos_memory_usage")
 LOCK_POLL_S = 0.05
 SHARE_BATCH = 5_000  # vectors per statement
+EF_SEARCH_MAX = 1_000  # pgvector's upper bound for hnsw.ef_search
+INDEX_BUILD_MEMORY = "512MB"  # maintenance_work_mem while this session builds an HNSW index
+# Inserting a row into pgvector's HNSW index costs about this many rows of a bulk build (6.0 vs
+# 0.64 ms a row, 384-d, M 16, ef_construction 200, docs/benchmarks.md): a batch of new rows that
+# would cost more row by row than building the whole index again drops it first and rebuilds it.
+INSERT_VS_BUILD = 9
+BULK_MIN = 1_000  # smaller batches always insert into the index
 
 
 def where(dsn: str) -> dict[str, Any]:
@@ -109,10 +133,14 @@ class PgStore(LocalDerivedState):
         self.lock_timeout = lock_timeout
         key = hashlib.sha256(dumps([self.place, self.namespace])).hexdigest()[:16]
         self.folder = user_cache_dir() / "postgres" / f"{self.namespace[:40]}-{key}"
-        self.cache = DerivedCache(self.folder)
+        self.cache = DerivedCache(self.folder, graph=False)  # candidates come from pgvector
         self.lexcache = LexicalCache(self.folder, self._digest)
         self._epoch: int | None = None  # of the log as last read
-        self.usage = Usage(self.folder)
+        self.usage = PgUsage(self)
+        self._ns_key = hashlib.sha256(self.namespace.encode()).hexdigest()[:12]
+        self._indexed: set[str] = set()  # fingerprints whose HNSW index this process saw built
+        self._ef: int | None = None  # hnsw.ef_search as set on this session
+        self.index_refused: str | None = None  # why this role could not build the HNSW index, if so
         self.log = RecordLog(Path(self.namespace))  # parses the lines; the database holds them
         self._conn: Any = None
         self._mutex = threading.RLock()  # one connection, used by one thread at a time
@@ -128,7 +156,7 @@ class PgStore(LocalDerivedState):
                           details={**self.place, "namespace": self.namespace, "env": self.env})
 
     def _drop(self) -> None:
-        conn, self._conn, self._ready = self._conn, None, False
+        conn, self._conn, self._ready, self._ef = self._conn, None, False, None
         if conn is not None:
             try:
                 conn.close()
@@ -136,7 +164,7 @@ class PgStore(LocalDerivedState):
                 pass
 
     @contextmanager
-    def _db(self) -> Iterator[Any]:
+    def db(self) -> Iterator[Any]:
         """The connection (made on first use, remade after a failure); errors as ``store-unavailable``."""
         import psycopg
 
@@ -148,20 +176,38 @@ class PgStore(LocalDerivedState):
                 if not self._ready:
                     with self._conn.transaction():
                         missing = self._conn.execute(
-                            "SELECT to_regclass('nubos_memory_namespace') IS NULL OR to_regclass('nubos_memory_log') "
-                            "IS NULL OR to_regclass('nubos_memory_log_backup') IS NULL OR to_regclass('nubos_memory_vectors') IS NULL"
-                        ).fetchone()[0]
+                            "SELECT to_regtype('vector') IS NULL OR EXISTS (SELECT FROM unnest(%s::text[]) t "
+                            "WHERE to_regclass(t) IS NULL) OR NOT EXISTS (SELECT FROM information_schema.columns "
+                            "WHERE table_name = 'nubos_memory_namespace' AND column_name = 'usage_since')",
+                            (list(TABLES),)).fetchone()[0]
                         if missing:  # only then: a role with table privileges alone needs no CREATE
                             self._conn.execute("SELECT pg_advisory_xact_lock(%s)",
                                                (_lock_key("nubos-memory-schema"),))
+                            self._create_extension()
                             for statement in SCHEMA:
                                 self._conn.execute(statement)
                         self._conn.execute("INSERT INTO nubos_memory_namespace (namespace) VALUES (%s) "
                                            "ON CONFLICT DO NOTHING", (self.namespace,))
+                    _register_vector(self._conn)
                     self._ready = True
                 yield self._conn
             except psycopg.Error as exc:
                 raise self._fail(exc) from None
+
+    def _create_extension(self) -> None:
+        """pgvector, once per database; a clear error when this role may not create it."""
+        import psycopg
+
+        if self._conn.execute("SELECT to_regtype('vector') IS NOT NULL").fetchone()[0]:
+            return
+        try:
+            with self._conn.transaction():  # a savepoint: the error below is ours, not an aborted transaction
+                self._conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        except psycopg.Error as exc:
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StoreError(f"the memory database at {self.place['host']} has no pgvector and this role cannot "
+                             f"create it ({why[:200]}); a database owner runs CREATE EXTENSION vector once",
+                             code="store-pgvector-missing", details={**self.place, "namespace": self.namespace}) from None
 
     # -- the place -------------------------------------------------------------------------
     def check(self) -> list[dict[str, Any]]:
@@ -169,25 +215,31 @@ class PgStore(LocalDerivedState):
 
     def prepare(self) -> None:
         ensure_dir(self.folder)
-        with self._db():
+        with self.db():
             pass
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.kind, **self.place, "namespace": self.namespace, "cache_dir": str(self.folder)}
+        return {"backend": self.kind, **self.place, "namespace": self.namespace, "cache_dir": str(self.folder),
+                "candidates": "pgvector"}
 
     # -- the log -----------------------------------------------------------------------------
     def refresh(self, scan: LogScan | None) -> LogScan:
         """``scan`` with the lines committed since its cursor; a fresh parse after a rewrite."""
-        with self._db() as conn, conn.transaction():
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            row = conn.execute("SELECT epoch FROM nubos_memory_namespace WHERE namespace = %s",
-                               (self.namespace,)).fetchone()
-            epoch = int(row[0]) if row else 0
-            self._epoch = epoch
-            if scan is None or scan.inode != epoch:
+        # One statement: one snapshot (whole changes or none) and one round trip per query.
+        statement = ("SELECT n.epoch, l.seq, l.line FROM nubos_memory_namespace n LEFT JOIN nubos_memory_log l "
+                     "ON l.namespace = n.namespace AND l.seq > %s WHERE n.namespace = %s ORDER BY l.seq")
+        with self.db() as conn:
+            cursor = scan.cursor if scan is not None else 0
+            found = conn.execute(statement, (cursor, self.namespace)).fetchall()
+            epoch = int(found[0][0]) if found else 0
+            if scan is None or scan.inode != epoch:  # first read, or memory-compact rewrote the log
                 scan = LogScan(inode=epoch, generation=(scan.generation + 1) if scan is not None else 0)
-            rows = conn.execute("SELECT seq, line FROM nubos_memory_log WHERE namespace = %s AND seq > %s "
-                                "ORDER BY seq", (self.namespace, scan.cursor)).fetchall()
+                if cursor:  # those were lines past the old log's position: read the new one from its start
+                    found = conn.execute(statement, (0, self.namespace)).fetchall()
+                    epoch = int(found[0][0]) if found else 0
+                    scan.inode = epoch
+        self._epoch = epoch
+        rows = [(seq, line) for _, seq, line in found if seq is not None]
         if rows:
             self.log.parse(scan, "".join(line + "\n" for _, line in rows).encode())
             scan.cursor = int(rows[-1][0])
@@ -198,7 +250,7 @@ class PgStore(LocalDerivedState):
         lines = self.log.lines(records, ops)
         if not lines:
             return
-        with self._db() as conn, conn.transaction(), conn.cursor() as cur:
+        with self.db() as conn, conn.transaction(), conn.cursor() as cur:
             cur.executemany("INSERT INTO nubos_memory_log (namespace, line) VALUES (%s, %s)",
                             [(self.namespace, line.decode()) for line in lines])
 
@@ -207,7 +259,7 @@ class PgStore(LocalDerivedState):
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
         """Under the lock: the log is copied to ``nubos_memory_log_backup`` and replaced, in one transaction."""
-        with self._db() as conn, conn.transaction():
+        with self.db() as conn, conn.transaction():
             epoch = int(conn.execute("UPDATE nubos_memory_namespace SET epoch = epoch + 1 WHERE namespace = %s "
                                      "RETURNING epoch", (self.namespace,)).fetchone()[0])
             conn.execute("INSERT INTO nubos_memory_log_backup (namespace, epoch, seq, line) "
@@ -225,7 +277,7 @@ class PgStore(LocalDerivedState):
 
     def export_lines(self) -> Iterator[bytes]:
         """Every line of the log, in order (``memory-export``)."""
-        with self._db() as conn, conn.transaction():
+        with self.db() as conn, conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             with conn.cursor(name="nubos_memory_export") as cur:
                 cur.execute("SELECT line FROM nubos_memory_log WHERE namespace = %s ORDER BY seq", (self.namespace,))
@@ -237,12 +289,16 @@ class PgStore(LocalDerivedState):
         this machine's derived files of it."""
         import shutil
 
-        with self._db() as conn, conn.transaction():
-            for statement in ("DELETE FROM nubos_memory_log WHERE namespace = %s",
-                              "DELETE FROM nubos_memory_log_backup WHERE namespace = %s",
-                              "DELETE FROM nubos_memory_vectors WHERE namespace = %s",
-                              "DELETE FROM nubos_memory_namespace WHERE namespace = %s"):
-                conn.execute(statement, (self.namespace,))
+        from psycopg import sql
+
+        with self.db() as conn, conn.transaction():
+            for table in TABLES:
+                conn.execute(sql.SQL("DELETE FROM {} WHERE namespace = %s").format(sql.Identifier(table)),
+                             (self.namespace,))
+            names = conn.execute("SELECT relname FROM pg_class WHERE relkind = 'i' AND relname LIKE %s",
+                                 (f"{self._index_prefix()}%",)).fetchall()
+            for (name,) in names:
+                conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
         shutil.rmtree(self.folder, ignore_errors=True)
 
     # -- the lock ------------------------------------------------------------------------------
@@ -256,7 +312,7 @@ class PgStore(LocalDerivedState):
         try:
             key = _lock_key(self.namespace)
             while True:
-                with self._db() as conn:
+                with self.db() as conn:
                     if conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
                         break
                 if time.monotonic() >= deadline:
@@ -289,32 +345,170 @@ class PgStore(LocalDerivedState):
         finally:
             cm.__exit__(None, None, None)
 
-    # -- derived state (this machine's cache folder) -------------------------------------------
+    # -- derived state: vectors and candidates in the database ----------------------------------
     def shared_vectors(self, fingerprint: str, keys: list[str]) -> "dict[str, np.ndarray]":
-        """Vectors another machine made for these texts (float32 bytes: exactly its numbers)."""
-        import numpy as np
-
+        """Vectors another machine made for these texts (float4 in pgvector: exactly its numbers)."""
         out: dict[str, np.ndarray] = {}
         try:
-            with self._db() as conn:
+            with self.db() as conn:
                 for start in range(0, len(keys), SHARE_BATCH):
-                    rows = conn.execute("SELECT key, vector FROM nubos_memory_vectors WHERE namespace = %s AND "
+                    rows = conn.execute("SELECT key, embedding FROM nubos_memory_embeddings WHERE namespace = %s AND "
                                         "fingerprint = %s AND key = ANY(%s)",
-                                        (self.namespace, fingerprint, keys[start:start + SHARE_BATCH])).fetchall()
-                    out.update((key, np.frombuffer(bytes(vec), dtype="<f4")) for key, vec in rows)
+                                        (self.namespace, fingerprint, keys[start:start + SHARE_BATCH]),
+                                        binary=True).fetchall()
+                    out.update(rows)
         except StoreError:
             return {}  # embedded here instead; a down database fails the write itself, not this
         return out
 
     def share_vectors(self, fingerprint: str, vectors: "dict[str, np.ndarray]") -> None:
-        items = [(self.namespace, fingerprint, key, vec.astype("<f4").tobytes()) for key, vec in vectors.items()]
         try:
-            with self._db() as conn, conn.transaction(), conn.cursor() as cur:
-                for start in range(0, len(items), SHARE_BATCH):
-                    cur.executemany("INSERT INTO nubos_memory_vectors (namespace, fingerprint, key, vector) "
-                                    "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING", items[start:start + SHARE_BATCH])
+            self._publish(fingerprint, list(vectors), list(vectors.values()))
         except StoreError:
             pass  # derived data: the next machine embeds it itself
+
+    def _publish(self, fingerprint: str, keys: list[str], vectors: "Sequence[np.ndarray] | np.ndarray",
+                 replace: bool = False) -> None:
+        """Store vectors by text key (``replace``: overwrite what differs: a re-embed on request).
+        A big batch of new rows goes in without the HNSW index, which is built again after it."""
+        dropped = len(keys) >= BULK_MIN and self._before_bulk(fingerprint, keys)
+        clash = ("DO UPDATE SET embedding = EXCLUDED.embedding WHERE "
+                 "nubos_memory_embeddings.embedding IS DISTINCT FROM EXCLUDED.embedding" if replace else "DO NOTHING")
+        statement = ("INSERT INTO nubos_memory_embeddings (namespace, fingerprint, key, embedding) "
+                     f"VALUES (%s, %s, %s, %b) ON CONFLICT (namespace, fingerprint, key) {clash}")
+        with self.db() as conn, conn.transaction(), conn.cursor() as cur:
+            for start in range(0, len(keys), SHARE_BATCH):
+                cur.executemany(statement, [(self.namespace, fingerprint, key, vectors[start + i])
+                                            for i, key in enumerate(keys[start:start + SHARE_BATCH])])
+        if dropped:
+            self._ensure_index(fingerprint, len(vectors[0]))
+
+    def commit(self, *, ids: list[str], hashes: list[str], vectors: "np.ndarray", embedding: dict[str, Any],
+               params: "HnswParams", alpha: float, previous: "Manifest | None", base: "VectorIndex | None" = None,
+               rebuilt: bool = False) -> "Manifest":
+        """Under the lock: publish the rows to the database (so its index covers every vector this
+        machine searches with), build the HNSW index once the namespace outgrows the exact scan,
+        then commit this machine's generation."""
+        import numpy as np
+
+        fingerprint, dim = str(embedding["fingerprint"]), int(embedding["dim"])
+        covered = bool(((previous or {}).get("candidates") or {}).get("covered"))
+        if base is not None and covered:  # the base's rows are there already
+            keys, rows = hashes[len(base):], vectors
+        elif base is not None:  # a generation from before the database held vectors: all of it, once
+            keys, rows = hashes, np.concatenate([np.asarray(base.vectors, dtype=np.float32), vectors])
+        else:
+            keys, rows = hashes, vectors
+        self._publish(fingerprint, keys, rows, replace=rebuilt)
+        if rebuilt:  # texts no live record has any more: the index forgets them
+            with self.db() as conn:
+                conn.execute("DELETE FROM nubos_memory_embeddings WHERE namespace = %s AND fingerprint = %s "
+                             "AND NOT (key = ANY(%s))", (self.namespace, fingerprint, list(set(hashes))))
+        index = self._ensure_index(fingerprint, dim)
+        ensure_dir(self.folder)
+        return self.cache.commit(ids=ids, hashes=hashes, vectors=vectors, embedding=embedding, params=params,
+                                 alpha=alpha, previous=previous, base=base, rebuilt=rebuilt,
+                                 extra={"candidates": {"engine": "pgvector", "covered": True, "index": index,
+                                                       "index_refused": self.index_refused}})
+
+    def _before_bulk(self, fingerprint: str, keys: list[str]) -> bool:
+        """Drop the HNSW index before a batch that would cost more to insert into it row by row
+        than to build it again in bulk (``_ensure_index`` builds it after the batch)."""
+        from psycopg import sql
+
+        name = self.index_name(fingerprint)
+        with self.db() as conn:
+            if conn.execute("SELECT to_regclass(%s) IS NULL", (name,)).fetchone()[0]:
+                return False
+            there, new = conn.execute(
+                "SELECT count(*), %s - count(*) FILTER (WHERE key = ANY(%s)) FROM nubos_memory_embeddings "
+                "WHERE namespace = %s AND fingerprint = %s",
+                (len(set(keys)), list(set(keys)), self.namespace, fingerprint)).fetchone()
+            if new >= BULK_MIN and new * INSERT_VS_BUILD >= there + new:
+                conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
+                self._indexed.discard(fingerprint)
+                return True
+        return False
+
+    def load_current(self) -> "tuple[Manifest | None, VectorIndex | None]":
+        manifest, index = self.cache.load_current()
+        candidates = (manifest or {}).get("candidates") or {}
+        if index is not None and len(index) and candidates.get("covered") and candidates.get("index"):
+            index.ann = PgCandidates(self, str((manifest or {}).get("embedding", {}).get("fingerprint")), index)
+        return manifest, index
+
+    def _index_prefix(self) -> str:
+        return f"nubos_memory_hnsw_{self._ns_key}_"
+
+    def index_name(self, fingerprint: str) -> str:
+        """The HNSW index of this namespace's vectors under one fingerprint (a partial index)."""
+        return self._index_prefix() + hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
+
+    def _ensure_index(self, fingerprint: str, dim: int) -> str | None:
+        """The HNSW index's name, built first if the namespace has more vectors under this
+        fingerprint than the exact scan serves; None while it needs none (or may not build it)."""
+        from psycopg import sql
+
+        from ..index import vectors as vector_index
+
+        name, cfg = self.index_name(fingerprint), self.project.config
+        if fingerprint in self._indexed:
+            return name
+        with self.db() as conn:
+            row = conn.execute("SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid "
+                               "WHERE c.relname = %s", (name,)).fetchone()
+            if row is not None and row[0]:
+                self._indexed.add(fingerprint)
+                return name
+            count = conn.execute("SELECT count(*) FROM nubos_memory_embeddings WHERE namespace = %s AND "
+                                 "fingerprint = %s", (self.namespace, fingerprint)).fetchone()[0]
+            if count <= vector_index.EXACT_LIMIT:
+                return None
+            if row is not None:  # a build that was interrupted leaves an invalid index: start again
+                conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
+            conn.execute("SELECT set_config('maintenance_work_mem', %s, false)", (INDEX_BUILD_MEMORY,))
+            try:  # CONCURRENTLY: other namespaces and readers go on while it builds
+                self._create_index(conn, sql.SQL(
+                    "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON nubos_memory_embeddings USING hnsw "
+                    "((embedding::vector({dim})) vector_cosine_ops) WITH (m = {m}, ef_construction = {efc}) "
+                    "WHERE namespace = {ns} AND fingerprint = {fp}").format(
+                        name=sql.Identifier(name), dim=sql.Literal(dim), m=sql.Literal(cfg.hnsw_m),
+                        efc=sql.Literal(cfg.hnsw_ef_construction), ns=sql.Literal(self.namespace),
+                        fp=sql.Literal(fingerprint)))
+            finally:
+                conn.execute("RESET maintenance_work_mem")
+        if self.index_refused is not None:
+            return None
+        self._indexed.add(fingerprint)
+        return name
+
+    def _create_index(self, conn: Any, statement: Any) -> None:
+        """Build an index; a role that does not own the table may not, which costs speed, not
+        answers (the exact scan serves), so it is reported in memory-stats, not raised."""
+        import psycopg
+
+        try:
+            conn.execute(statement)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            self.index_refused = str(exc).strip().splitlines()[0][:300]
+
+    def nearest(self, fingerprint: str, dim: int, query: "np.ndarray", want: int, ef_search: int) -> list[str] | None:
+        """The keys of the ``want`` texts nearest ``query`` by the HNSW index (None: ask too many)."""
+        from psycopg import sql
+
+        ef = max(ef_search, want)
+        if ef > EF_SEARCH_MAX:
+            return None
+        with self.db() as conn:
+            if self._ef != ef:
+                conn.execute("SELECT set_config('hnsw.ef_search', %s, false)", (str(ef),))
+                self._ef = ef
+            # Not prepared: planned with these values, so the partial index's predicate matches.
+            rows = conn.execute(sql.SQL(
+                "SELECT key FROM nubos_memory_embeddings WHERE namespace = %s AND fingerprint = %s "
+                "ORDER BY embedding::vector({dim}) <=> %b::vector({dim}) LIMIT %s").format(dim=sql.Literal(dim)),
+                (self.namespace, fingerprint, query, want), prepare=False).fetchall()
+        return [key for (key,) in rows]
 
     def _digest(self, offset: int) -> str:
         """What identifies the log's first ``offset`` bytes: lines are never changed in place, so
@@ -331,6 +525,105 @@ class PgStore(LocalDerivedState):
 
     def invalidate_lexical(self) -> None:
         self.lexcache.invalidate()
+
+
+class PgCandidates:
+    """A generation's vector candidates from the database's HNSW index (``VectorIndex.ann``): keys
+    found there become this generation's labels; the caller scores them exactly."""
+
+    def __init__(self, store: PgStore, fingerprint: str, index: "VectorIndex"):
+        self.store, self.fingerprint, self.index = store, fingerprint, index
+        self._labels: dict[str, list[int]] | None = None
+
+    def __call__(self, query: "np.ndarray", want: int) -> "np.ndarray | None":
+        import numpy as np
+
+        try:
+            keys = self.store.nearest(self.fingerprint, self.index.dim, query, want, self.index.ef_search)
+        except StoreError:
+            return None  # the exact scan answers
+        if keys is None:
+            return None
+        if self._labels is None:
+            self._labels = {}
+            for label, key in enumerate(self.index.hashes):
+                self._labels.setdefault(key, []).append(label)
+        found = [label for key in keys for label in self._labels.get(key, ())]
+        return np.array(found, dtype=np.int64)
+
+
+class PgUsage:
+    """Retrievals of one namespace, shared by every machine (``memory-prune`` decides on all of them)."""
+
+    def __init__(self, store: PgStore):
+        self.store = store
+
+    def start(self) -> None:
+        with self.store.db() as conn:
+            conn.execute("UPDATE nubos_memory_namespace SET usage_since = coalesce(usage_since, %s) "
+                         "WHERE namespace = %s", (time.time(), self.store.namespace))
+
+    def record(self, ids: list[str]) -> bool:
+        if not ids:
+            return True
+        now = round(time.time(), 3)
+        try:
+            with self.store.db() as conn, conn.transaction():
+                conn.execute("INSERT INTO nubos_memory_usage AS u (namespace, id, count, last) "
+                             "SELECT %s, id, 1, %s FROM unnest(%s::text[]) AS id ON CONFLICT (namespace, id) "
+                             "DO UPDATE SET count = u.count + 1, last = greatest(u.last, EXCLUDED.last)",
+                             (self.store.namespace, now, sorted(set(ids))))
+                conn.execute("UPDATE nubos_memory_namespace SET usage_since = coalesce(usage_since, %s) "
+                             "WHERE namespace = %s", (now, self.store.namespace))
+        except StoreError:
+            return False  # derived data: the query still answers, with a usage-not-recorded warning
+        return True
+
+    def summary(self) -> tuple[float | None, dict[str, list[float]]]:
+        with self.store.db() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            row = conn.execute("SELECT usage_since FROM nubos_memory_namespace WHERE namespace = %s",
+                               (self.store.namespace,)).fetchone()
+            rows = conn.execute("SELECT id, count, last FROM nubos_memory_usage WHERE namespace = %s",
+                                (self.store.namespace,)).fetchall()
+        since = row[0] if row is not None else None
+        return (float(since) if since is not None else None), {rid: [int(n), float(t)] for rid, n, t in rows}
+
+    def fold(self, force: bool = False) -> None:
+        return None  # one row per record already
+
+
+def _register_vector(conn: Any) -> None:
+    """Send and receive numpy vectors as pgvector's binary form (float4, big-endian), so the
+    numbers stored are exactly the float32 numbers computed."""
+    import struct
+
+    import numpy as np
+    from psycopg.adapt import Dumper, Loader
+    from psycopg.pq import Format
+    from psycopg.types import TypeInfo
+
+    info = TypeInfo.fetch(conn, "vector")
+    if info is None:
+        raise StoreError("pgvector's type is missing from the memory database", code="store-pgvector-missing")
+
+    class VectorDumper(Dumper):
+        format = Format.BINARY
+        oid = info.oid
+
+        def dump(self, obj: Any) -> bytes:
+            vec = np.asarray(obj, dtype=">f4").reshape(-1)
+            return struct.pack(">HH", len(vec), 0) + vec.tobytes()
+
+    class VectorLoader(Loader):
+        format = Format.BINARY
+
+        def load(self, data: Any) -> Any:
+            dim = struct.unpack_from(">H", data)[0]
+            return np.frombuffer(bytes(data), dtype=">f4", count=dim, offset=4).astype(np.float32)
+
+    conn.adapters.register_dumper(np.ndarray, VectorDumper)
+    conn.adapters.register_loader(info.oid, VectorLoader)
 
 
 def _lock_key(name: str) -> int:
