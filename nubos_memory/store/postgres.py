@@ -138,7 +138,6 @@ class PgStore(LocalDerivedState):
         self._epoch: int | None = None  # of the log as last read
         self.usage = PgUsage(self)
         self._ns_key = hashlib.sha256(self.namespace.encode()).hexdigest()[:12]
-        self._indexed: set[str] = set()  # fingerprints whose HNSW index this process saw built
         self._ef: int | None = None  # hnsw.ef_search as set on this session
         self.index_refused: str | None = None  # why this role could not build the HNSW index, if so
         self.log = RecordLog(Path(self.namespace))  # parses the lines; the database holds them
@@ -417,8 +416,8 @@ class PgStore(LocalDerivedState):
         from psycopg import sql
 
         name = self.index_name(fingerprint)
-        with self.db() as conn:
-            if conn.execute("SELECT to_regclass(%s) IS NULL", (name,)).fetchone()[0]:
+        with self.db() as conn, self._index_lock(conn) as mine:
+            if not mine or conn.execute("SELECT to_regclass(%s) IS NULL", (name,)).fetchone()[0]:
                 return False
             there, new = conn.execute(
                 "SELECT count(*), %s - count(*) FILTER (WHERE key = ANY(%s)) FROM nubos_memory_embeddings "
@@ -426,9 +425,20 @@ class PgStore(LocalDerivedState):
                 (len(set(keys)), list(set(keys)), self.namespace, fingerprint)).fetchone()
             if new >= BULK_MIN and new * INSERT_VS_BUILD >= there + new:
                 conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
-                self._indexed.discard(fingerprint)
                 return True
         return False
+
+    @contextmanager
+    def _index_lock(self, conn: Any) -> Iterator[bool]:
+        """Whether this session may drop or build the namespace's HNSW index now (one at a time,
+        so no session drops an index another is still building)."""
+        key = _lock_key(self.namespace + ":hnsw")
+        mine = bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0])
+        try:
+            yield mine
+        finally:
+            if mine:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
     def load_current(self) -> "tuple[Manifest | None, VectorIndex | None]":
         manifest, index = self.cache.load_current()
@@ -452,14 +462,13 @@ class PgStore(LocalDerivedState):
         from ..index import vectors as vector_index
 
         name, cfg = self.index_name(fingerprint), self.project.config
-        if fingerprint in self._indexed:
-            return name
-        with self.db() as conn:
+        with self.db() as conn, self._index_lock(conn) as mine:
             row = conn.execute("SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid "
                                "WHERE c.relname = %s", (name,)).fetchone()
             if row is not None and row[0]:
-                self._indexed.add(fingerprint)
                 return name
+            if not mine:  # another session is building it: it serves once built
+                return None
             count = conn.execute("SELECT count(*) FROM nubos_memory_embeddings WHERE namespace = %s AND "
                                  "fingerprint = %s", (self.namespace, fingerprint)).fetchone()[0]
             if count <= vector_index.EXACT_LIMIT:
@@ -477,10 +486,7 @@ class PgStore(LocalDerivedState):
                         fp=sql.Literal(fingerprint)))
             finally:
                 conn.execute("RESET maintenance_work_mem")
-        if self.index_refused is not None:
-            return None
-        self._indexed.add(fingerprint)
-        return name
+        return None if self.index_refused is not None else name
 
     def _create_index(self, conn: Any, statement: Any) -> None:
         """Build an index; a role that does not own the table may not, which costs speed, not
