@@ -127,7 +127,7 @@ class VectorIndex:
         self.hashes = hashes
         self.vectors = vectors
         self.label_of = {rid: i for i, rid in enumerate(ids)}
-        self._label_of_hash: dict[str, int] | None = None
+        self._labels_of_hash: dict[str, list[int]] | None = None
         self.hnsw_path = hnsw_path
         self.ef_search = ef_search
         self._hnsw: Any = None
@@ -138,9 +138,17 @@ class VectorIndex:
 
     def label_of_hash(self, content_hash: str) -> int | None:
         """A row whose embedded text had this content hash, if any (its vector can be reused)."""
-        if self._label_of_hash is None:
-            self._label_of_hash = {h: i for i, h in enumerate(self.hashes)}
-        return self._label_of_hash.get(content_hash)
+        labels = self.labels_of_hash(content_hash)
+        return labels[-1] if labels else None
+
+    def labels_of_hash(self, content_hash: str) -> list[int]:
+        """Every row whose embedded text had this content hash, in label order (one text can be
+        several records: a forgotten one and its re-added twin)."""
+        if self._labels_of_hash is None:
+            self._labels_of_hash = {}
+            for i, h in enumerate(self.hashes):
+                self._labels_of_hash.setdefault(h, []).append(i)
+        return self._labels_of_hash.get(content_hash, [])
 
     @property
     def dim(self) -> int:

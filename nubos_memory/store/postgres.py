@@ -539,7 +539,6 @@ class PgCandidates:
 
     def __init__(self, store: PgStore, fingerprint: str, index: "VectorIndex"):
         self.store, self.fingerprint, self.index = store, fingerprint, index
-        self._labels: dict[str, list[int]] | None = None
 
     def __call__(self, query: "np.ndarray", want: int) -> "np.ndarray | None":
         import numpy as np
@@ -550,11 +549,7 @@ class PgCandidates:
             return None  # the exact scan answers
         if keys is None:
             return None
-        if self._labels is None:
-            self._labels = {}
-            for label, key in enumerate(self.index.hashes):
-                self._labels.setdefault(key, []).append(label)
-        found = [label for key in keys for label in self._labels.get(key, ())]
+        found = [label for key in keys for label in self.index.labels_of_hash(key)]
         return np.array(found, dtype=np.int64)
 
 
