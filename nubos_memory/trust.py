@@ -3,16 +3,22 @@
 A cloned repository can ship its own ``.nubos-pilot/memory/``.  Everything
 in it is parsed as data (JSON, numpy without pickle) except the HNSW graph,
 which hnswlib reads without any validation, so a crafted file could corrupt
-memory.  Therefore every manifest (and lexical cache description) we write
-carries an HMAC-SHA256 made with a key that never leaves this user's config
-folder, and the manifest records the sha256 of the graph file.  A manifest
+memory, and vectors, which decide what a query answers.  Therefore every
+manifest (and lexical cache description, and the model caches' records) we
+write carries an HMAC-SHA256 made with a key that never leaves this user's
+config folder, and the manifest records the sha256 of every file.  A manifest
 that does not verify is ``manifest-untrusted``: queries answer lexically and
 ``memory-rebuild`` re-derives everything from ``records.jsonl``.
 
-The key: ``$NUBOS_MEMORY_KEY_FILE``, else ``$XDG_CONFIG_HOME/nubos-memory/
-derived-files.key`` (``~/.config`` by default), 32 random bytes created 0600
-on first use.  Without a usable key nothing is signed and the graph is never
-loaded: vector search falls back to the exact scan.
+It fails closed: without a usable key nothing is trusted (:func:`verify` is
+False), nothing is signed, and the vector layer is computed from the log for
+each call instead (``search/snapshot.py``), with a warning.
+
+The key: ``$NUBOS_MEMORY_KEY_FILE`` (an absolute path), else
+``derived-files.key`` in this user's config folder (``userdirs.py``: checked
+for owner and mode; the documented fallback when it cannot be used), 32 random
+bytes created 0600 on first use.  A key file others can read or that is not
+ours is refused (anyone who reads it can sign).
 """
 
 from __future__ import annotations
@@ -21,54 +27,114 @@ import hashlib
 import hmac
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from .userdirs import user_config_dir
+from . import userdirs
 
 KEY_ENV = "NUBOS_MEMORY_KEY_FILE"
+KEY_NAME = "derived-files.key"
 SIGNATURE = "signature"
-_key: bytes | None = None
-_loaded = False
+_cache: dict[tuple[str | None, ...], tuple[bytes | None, list[dict[str, Any]]]] = {}
 
 
-def key_path() -> Path:
+def _read_key(path: Path) -> tuple[bytes | None, str | None]:
+    """The key in ``path`` (``None, None`` when there is none), or why it is refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "is not a regular file"
+        if st.st_uid != os.getuid():
+            return None, f"belongs to uid {st.st_uid}, not to this user"
+        if st.st_mode & 0o077:
+            return None, f"can be read or written by others (mode {st.st_mode & 0o777:o})"
+        data = os.read(fd, 64)
+    finally:
+        os.close(fd)
+    return (data, None) if len(data) == 32 else (None, "is not a 32-byte key")
+
+
+def _create_key(path: Path) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return _read_key(path)[0]  # another process made it first
+    except OSError:
+        return None
+    try:
+        os.write(fd, secrets.token_bytes(32))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return _read_key(path)[0]
+
+
+def _find_key() -> tuple[bytes | None, list[dict[str, Any]]]:
+    notes: list[dict[str, Any]] = []
     explicit = os.environ.get(KEY_ENV)
     if explicit:
-        return Path(explicit)
-    return user_config_dir() / "derived-files.key"
+        path = Path(explicit)
+        if not path.is_absolute():
+            notes.append({"code": "signing-key-refused", "path": explicit[:200],
+                          "message": f"${KEY_ENV} must be an absolute path; it is not used"})
+        else:
+            data, why = _read_key(path)
+            if data is None and why is None and userdirs.unsafe(path.parent, write=True) is None:
+                data = _create_key(path)
+            if data is not None:
+                return data, notes
+            notes.append({"code": "signing-key-refused", "path": str(path)[:200],
+                          "message": f"the signing key {path} {why or 'cannot be created'}; it is not used"})
+    readable = userdirs.user_config_dir(write=False)
+    for where in (readable, userdirs.user_config_dir(write=True)):
+        if where is None:
+            continue
+        data, why = _read_key(where / KEY_NAME)
+        if data is not None:
+            return data, notes
+        if why is not None:
+            notes.append({"code": "signing-key-refused", "path": str(where / KEY_NAME),
+                          "message": f"the signing key {where / KEY_NAME} {why}; it is not used"})
+            continue
+    writable = userdirs.user_config_dir(write=True)
+    if writable is not None and not (writable / KEY_NAME).exists():
+        data = _create_key(writable / KEY_NAME)
+        if data is not None:
+            return data, notes
+    notes.append({"code": "signing-key-unavailable",
+                  "message": "no signing key could be read or created (see memory-stats.user_folders), so no "
+                             "derived file is trusted: vectors are computed from records.jsonl for each call and "
+                             f"nothing derived is written. Fix: set ${KEY_ENV} to a file in a folder only you can "
+                             "write, or make ~/.config writable"})
+    return None, notes
 
 
 def key() -> bytes | None:
-    """This user's signing key, created on first use; None if it cannot be read or made."""
-    global _key, _loaded
-    if _loaded:
-        return _key
-    _loaded = True
-    path = key_path()
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            try:
-                os.write(fd, secrets.token_bytes(32))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            data = os.read(fd, 64)
-        finally:
-            os.close(fd)
-        _key = data if len(data) == 32 else None
-    except OSError:
-        _key = None
-    return _key
+    """This user's signing key, created on first use; None if none can be read or made."""
+    env = (os.environ.get(KEY_ENV), *(os.environ.get(k) for k in userdirs.ENV_KEYS))
+    found = _cache.get(env)
+    if found is None:
+        found = _cache[env] = _find_key()
+    return found[0]
+
+
+def notices() -> list[dict[str, Any]]:
+    """Warnings about the signing key met so far in this process."""
+    return [n for _, notes in _cache.values() for n in notes]
+
+
+def available() -> bool:
+    """Whether derived files can be signed and verified here."""
+    return key() is not None
 
 
 def _mac(doc: dict[str, Any], secret: bytes) -> str:
@@ -77,16 +143,16 @@ def _mac(doc: dict[str, Any], secret: bytes) -> str:
 
 
 def sign(doc: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` with its signature (None when there is no key)."""
+    """``doc`` with its signature (None when there is no key: nobody will trust it)."""
     secret = key()
     return {**doc, SIGNATURE: _mac(doc, secret) if secret is not None else None}
 
 
-def verify(doc: dict[str, Any]) -> bool | None:
-    """True: signed by this user; False: not; None: there is no key to tell."""
+def verify(doc: dict[str, Any]) -> bool:
+    """Whether ``doc`` was signed with this user's key.  Without a key nothing verifies (fail closed)."""
     secret = key()
     if secret is None:
-        return None
+        return False
     claimed = doc.get(SIGNATURE)
     return isinstance(claimed, str) and hmac.compare_digest(claimed, _mac(doc, secret))
 

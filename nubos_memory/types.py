@@ -61,7 +61,6 @@ class Manifest(TypedDict, total=False):
     rebuilt_at: str | None
     updated_at: str
     signature: str | None
-    _verified: bool | None
 
 
 class Problem(TypedDict, total=False):
@@ -216,4 +215,5 @@ class RebuildResult(TypedDict):
     fingerprint: str | None
     rebuilt_at: str | None
     skipped_lines: int
+    invalid: int  # records the model gave no usable vector for (left pending)
     warnings: list[dict[str, Any]]

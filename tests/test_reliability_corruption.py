@@ -145,11 +145,7 @@ def test_a_copied_memory_is_untrusted_until_rebuilt(project, tmp_path, monkeypat
     assert index_records(project, NOTES).code == 0
     clone = tmp_path / "clone"
     shutil.copytree(project, clone, symlinks=True)
-    monkeypatch.setenv("NUBOS_MEMORY_KEY_FILE", str(tmp_path / "another-user.key"))
-    import nubos_memory.trust as trust
-
-    monkeypatch.setattr(trust, "_loaded", False)  # both restored afterwards: later tests sign with the real key
-    monkeypatch.setattr(trust, "_key", None)
+    monkeypatch.setenv("NUBOS_MEMORY_KEY_FILE", str(tmp_path / "another-user.key"))  # the key follows the env
     q = Memory.open(clone).query("kafka lag")
     assert q["degraded"]["code"] == "manifest-untrusted" and q["hits"][0]["id"] == "n0"
     Memory.open(clone).rebuild()

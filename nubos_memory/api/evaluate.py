@@ -168,10 +168,12 @@ class CachedEmbedder(Embedder):
         self._saved = len(keys)
 
 
-def default_cache_dir() -> Path:
+def default_cache_dir() -> Path | None:
+    """Where dataset embeddings are kept between runs (None: no safe cache folder; nothing is kept)."""
     from ..userdirs import user_cache_dir
 
-    return user_cache_dir() / "embeddings"
+    cache = user_cache_dir()
+    return cache / "embeddings" if cache is not None else None
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -201,7 +203,8 @@ def evaluate_one(source_config: dict[str, Any], folder: Path, *, split: str = "t
         config["postgres"] = {**(config.get("postgres") or {}), "namespace": f"nubos-eval-{uuid.uuid4().hex[:12]}"}
     inner = embedder or make_embedder(config.get("provider", "local"), config.get("model") or "",
                                       config.get("runtime", "auto"), config.get("device", "auto"))
-    emb: Embedder = CachedEmbedder(inner, default_cache_dir()) if cache else inner
+    where = default_cache_dir() if cache else None
+    emb: Embedder = CachedEmbedder(inner, where) if where is not None else inner
     scratch = Path(tempfile.mkdtemp(prefix="nubos-eval-"))
     scratch_store: Store | None = None  # a scratch namespace of a team database is dropped afterwards
     try:

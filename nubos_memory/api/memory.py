@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import trust, userdirs
 from ..config import Project, load_project, read_config_file, validate_section
 from ..embed import Embedder, make_embedder
 from ..errors import DisabledError, InputError, NubosMemoryError, StoreError, UsageError
@@ -48,14 +49,16 @@ if TYPE_CHECKING:
 
 
 def _answer(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A verb: its answer carries the store's notices (e.g. a folder others can write) in ``warnings``."""
+    """A verb: its answer carries the store's notices (e.g. a folder others can write) and those about
+    this user's folders and signing key (``userdirs.py``, ``trust.py``) in ``warnings``."""
     @functools.wraps(method)
     def verb(self: "Memory", *args: Any, **kwargs: Any) -> Any:
         result = method(self, *args, **kwargs)
-        if isinstance(result, dict) and self.notices:
+        notices = [*self.notices, *userdirs.notices(), *trust.notices()]
+        if isinstance(result, dict) and notices:
             warnings = result.setdefault("warnings", [])
-            have = {w.get("code") for w in warnings}
-            warnings.extend(n for n in self.notices if n["code"] not in have)
+            have = {(w.get("code"), w.get("path")) for w in warnings}
+            warnings.extend(n for n in notices if (n["code"], n.get("path")) not in have)
         return result
     return verb
 
@@ -349,6 +352,9 @@ class Memory:
         """
         import numpy as np
 
+        from ..index.vectors import usable
+        from ..search.snapshot import VectorState
+
         self.require_enabled()
         self.store.prepare()
         scan = self.scan()
@@ -365,7 +371,8 @@ class Memory:
             manifest, current = None, None  # whatever is broken is replaced, on explicit request
         if (not reembed and manifest is not None and current is not None
                 and (manifest.get("embedding") or {}).get("fingerprint") == ours["fingerprint"]):
-            reuse = {h: i for i, h in enumerate(current.hashes)}
+            good_rows = usable(current.vectors)  # a bad row (NaN, zero) an older version stored is embedded again
+            reuse = {h: i for i, h in enumerate(current.hashes) if good_rows[i]}
         todo: dict[str, str] = {}
         for r, h in zip(records, hashes):
             if h not in reuse and h not in todo:
@@ -381,6 +388,11 @@ class Memory:
         if rows_reused and current is not None:
             dst, src = zip(*rows_reused)
             vectors[list(dst)] = current.vectors[list(src)]
+        good = usable(vectors)
+        invalid = int((~good).sum())
+        if invalid:  # never stored or indexed: those records stay pending, ranked by their keywords
+            keep = np.flatnonzero(good)
+            records, hashes, vectors = [records[i] for i in keep], [hashes[i] for i in keep], vectors[keep]
         crash_point("rebuild-embedded")
         indexing = stage(progress, "indexing")
         if indexing:
@@ -410,7 +422,8 @@ class Memory:
             "fingerprint": ours.get("fingerprint"),
             "rebuilt_at": new_manifest.get("rebuilt_at"),
             "skipped_lines": len(scan.corrupt) + len(scan.duplicates),
-            "warnings": scan.warnings(),
+            "invalid": invalid,
+            "warnings": scan.warnings() + VectorState(invalid=invalid).notes(),
         }
 
     @_answer

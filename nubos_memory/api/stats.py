@@ -69,6 +69,14 @@ def collect_stats(mem: "Memory") -> Stats:
         except StoreError as exc:
             problems.append({"code": exc.code, "message": exc.message})
     keymap_count = len(index) if index is not None else 0
+    if index is not None and keymap_count:
+        from ..index.vectors import usable
+
+        bad = int((~usable(index.vectors)).sum())
+        if bad:
+            problems.append({"code": "vectors-invalid", "count": bad,
+                             "message": f"{bad} stored vector(s) are non-finite or zero (written by an older version "
+                                        "from a broken model); memory-rebuild embeds those records again"})
     if index is not None and index_count is not None and index_count != keymap_count:
         problems.append({"code": "index-keymap-mismatch",
                          "message": f"index holds {index_count} vectors, keymap {keymap_count}"})

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..embed.base import fingerprint_of
 from ..errors import EmbeddingError, RebuildRequired, StoreError
-from ..index.vectors import HnswParams
+from ..index.vectors import HnswParams, usable
 from ..progress import Progress
 from ..records import embed_text
 from ..search.snapshot import Snapshot, VectorState
@@ -46,6 +46,7 @@ class VectorSync:
         self.config = config
         self.params = HnswParams(config.hnsw_m, config.hnsw_ef_construction, config.hnsw_ef_search)
         self.shared = 0  # vectors the last embed() took from the store instead of the model
+        self.invalid = 0  # vectors the model gave that were not usable (NaN, zero), in the last sync
 
     @property
     def embedder(self) -> "Embedder":
@@ -89,7 +90,7 @@ class VectorSync:
         todo = []
         for i, key in enumerate(keys):
             vec = known.get(key)
-            if vec is not None and vec.shape == (out.shape[1],):
+            if vec is not None and vec.shape == (out.shape[1],) and usable(vec[None, :])[0]:
                 out[i] = vec
             else:
                 todo.append(i)
@@ -100,9 +101,18 @@ class VectorSync:
             out[chunk] = self.embedder.embed([texts[i] for i in chunk])
             if progress:
                 progress(self.shared + min(start + EMBED_BATCH, len(order)), len(texts))
+        good = usable(out)
         if todo:
-            self.store.share_vectors(fingerprint, {keys[i]: out[i] for i in todo})
+            self.store.share_vectors(fingerprint, {keys[i]: out[i] for i in todo if good[i]})
         return out
+
+    def embed_usable(self, texts: list[str], progress: Progress | None = None, *, shared: bool = True
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`embed`, and which rows are usable (``index.vectors.usable``): a row that is not is never
+        stored or indexed; its record stays pending, ranked by its keywords, with an ``embedding-invalid``
+        warning."""
+        out = self.embed(texts, progress, shared=shared)
+        return out, usable(out)
 
     def sync(self, positions: np.ndarray | None = None, *, must: Iterable[int] = (), cap: int, blocking: bool,
              verb: str, precomputed: dict[int, np.ndarray] | None = None, budget_s: float | None = None,
@@ -119,6 +129,7 @@ class VectorSync:
         """
         state = VectorState()
         snap = self.snap
+        self.invalid = 0
         try:
             state.manifest, state.index, state.labels = snap.vectors()
             if state.manifest is not None:
@@ -136,7 +147,9 @@ class VectorSync:
                     for p in todo:
                         label = state.index.label_of_hash(snap.hashes[p])
                         if p not in known and label is not None:
-                            known[p] = np.asarray(state.index.vectors[label])
+                            row = np.asarray(state.index.vectors[label])
+                            if usable(row[None, :])[0]:  # a bad row an older version stored is embedded again
+                                known[p] = row
                 fresh = [p for p in todo if p not in known]
                 if fresh:
                     fresh = self._embed_fresh(fresh, wanted, known, budget_s, progress)
@@ -146,10 +159,12 @@ class VectorSync:
                             raise err
                 state.embedded = len(fresh)
                 state.extra = {p: known[p] for p in todo if p in known}
-                self._persist(state, [p for p in todo if p in known], blocking=blocking, verb=verb)
+                if not snap.unsigned:  # without a signing key nothing derived is written: vectors stay in memory
+                    self._persist(state, [p for p in todo if p in known], blocking=blocking, verb=verb)
             if len(cand):
                 still = cand[(state.labels[cand] < 0) & snap.alive[cand]].tolist()
                 state.behind = sum(1 for p in still if p not in state.extra)
+            state.invalid = self.invalid
         except (StoreError, EmbeddingError, RebuildRequired) as exc:
             state.degraded = exc.to_dict()
         except OSError as exc:  # disk full, permissions: the records are safe, the index is behind
@@ -163,21 +178,29 @@ class VectorSync:
         """Embed ``fresh`` positions into ``known``; with a budget, stop when it is spent (those a
         write must index are always embedded).  Returns the positions embedded."""
         records = self.snap.records
+
+        def embed_into(positions: list[int], report: Progress | None = None) -> None:
+            vectors, good = self.embed_usable([embed_text(records[p]) for p in positions], report)
+            known.update((p, v) for p, v, ok in zip(positions, vectors, good.tolist()) if ok)
+            self.invalid += int((~good).sum())
+
         if budget_s is None:
-            known.update(zip(fresh, self.embed([embed_text(records[p]) for p in fresh], progress)))
+            embed_into(fresh, progress)
             return fresh
         done: list[int] = []
         required = [p for p in fresh if p in wanted]
         optional = [p for p in fresh if p not in wanted]
         if required:
-            known.update(zip(required, self.embed([embed_text(records[p]) for p in required])))
+            embed_into(required)
             done += required
+        if optional:
+            _ = self.embedder.dim  # the model loads (or is exported) before the clock starts, not inside it
         start = time.monotonic()
         for i in range(0, len(optional), BUDGET_CHUNK):
             if time.monotonic() - start >= budget_s:
                 break
             chunk = optional[i: i + BUDGET_CHUNK]
-            known.update(zip(chunk, self.embed([embed_text(records[p]) for p in chunk])))
+            embed_into(chunk)
             done += chunk
         return done
 

@@ -126,7 +126,7 @@ class WritePath:
             "pending": state.behind if state.degraded is None else None,
             "degraded": state.degraded or degraded,
             "recovered": recovered,
-            "warnings": scan.warnings(),
+            "warnings": scan.warnings() + state.notes(),
         }
 
     def _exact_duplicates(self, records: "list[Record]", scan: LogScan) -> dict[int, dict[str, Any]]:
@@ -162,7 +162,7 @@ class WritePath:
             mismatch = self.vectors.mismatch(manifest, None) if manifest is not None else None
             if mismatch:
                 raise mismatch
-            embedded = self.vectors.embed([embed_text(records[i]) for i in todo], progress)
+            embedded, good = self.vectors.embed_usable([embed_text(records[i]) for i in todo], progress)
             live_labels = labels[(labels >= 0) & snap.alive]
             near_labels, near_sims = nearest(embedded, index, live_labels)
             for i, label, sim in zip(todo, near_labels.tolist(), near_sims.tolist()):
@@ -176,7 +176,7 @@ class WritePath:
                     near[todo[a]] = {"near_duplicate_of": records[todo[b]]["id"], "similarity": round(sim, 4)}
         except (StoreError, EmbeddingError, RebuildRequired) as exc:
             return {}, {}, exc.to_dict()  # no vectors ahead and no near-duplicate report; exact ones still hold
-        return dict(zip(todo, embedded)), near, None
+        return {i: v for i, v, ok in zip(todo, embedded, good.tolist()) if ok}, near, None
 
     @staticmethod
     def _tombstones(scan: LogScan, forget: Sequence[str], reason: str, reasons: dict[str, str]

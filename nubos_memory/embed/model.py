@@ -118,9 +118,11 @@ class ModelEmbedder(Embedder):
             return {"runtime": "torch", "device": device, "why": "memory.runtime is torch"}
         if folder is None:
             return {"runtime": "torch", "device": device, "why": "the model is not a local folder (torch fetches it)"}
-        from .onnx_export import state
+        from .onnx_export import state, unkept
         from .onnx_runtime import Unsupported, describe_folder
 
+        if unkept():
+            return {"runtime": "torch", "device": device, "why": unkept()}
         try:
             describe_folder(folder)
         except Unsupported as exc:
@@ -144,10 +146,13 @@ class ModelEmbedder(Embedder):
         if self.runtime_choice == "torch" or folder is None:
             self._why = "memory.runtime is torch" if folder is not None else "the model is not a local folder"
             return TorchRuntime(location, device=device, downloads=downloads, batch_size=self.batch_size)
-        from .onnx_export import export, refuse, state
+        from .onnx_export import export, refuse, state, unkept
         from .onnx_runtime import OnnxRuntime, Unsupported, describe_folder
 
         digest_ = self.files_digest() or ""
+        if unkept():  # an export made now could not be kept: every process would pay ~20 s for it
+            self._why = str(unkept())
+            return TorchRuntime(location, device=device, downloads=downloads, batch_size=self.batch_size)
         try:
             describe_folder(folder)
             status, why, path = state(digest_)

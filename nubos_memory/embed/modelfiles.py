@@ -8,7 +8,8 @@
   fingerprint is made of it, so a model edited in place (another pooling mode,
   other weights) is a different model (adr/0003).  Hashing 90 MB of weights
   takes a fraction of a second, so each file's hash is kept in a per-user
-  cache keyed by path, size, mtime and inode.
+  cache keyed by path and the file's identity (size, mtime, ctime, inode),
+  signed with this user's key.
 * ``allow_downloads()``: models not on this machine are fetched from a hub
   only when the *user* allows it (``NUBOS_MEMORY_ALLOW_DOWNLOADS=1`` or
   ``"allow_downloads": true`` in ``~/.config/nubos-memory/settings.json``),
@@ -24,13 +25,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..fsio import DIR_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
+from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
 from ..limits import DEFAULT_MODEL
+from ..trust import available, sign, verify
 from ..userdirs import DOWNLOADS_ENV, allow_downloads, user_cache_dir
 
 __all__ = ["DOWNLOADS_ENV", "allow_downloads", "digest", "file_hash", "locate", "model_files", "packaged_model_path"]
 
 HASHES_FILE = "file-hashes.json"
+HASHES_FORMAT = 2
 # Files that decide the vectors; READMEs, training-data notes and other runtimes' exports do not.
 MODEL_SUFFIXES = (".json", ".txt", ".model", ".safetensors")
 IGNORED_NAMES = frozenset(("data_config.json", "README.md"))
@@ -84,45 +87,62 @@ def model_files(folder: Path) -> list[Path]:
     return out
 
 
+def stamp(path: Path) -> list[int]:
+    """A file's identity: size, mtime, ctime and inode (following a snapshot's symlink to its blob).
+    ctime cannot be set back by a user, so a file replaced or rewritten always gets a new stamp."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
 class _HashCache:
-    """Per-user cache of file hashes: ``{path: [size, mtime_ns, inode, sha256]}``."""
+    """Per-user cache of file hashes, ``{path: [size, mtime_ns, ctime_ns, inode, sha256]}``, signed with
+    this user's key (``trust.py``): one that does not verify (written by someone else, or with no key)
+    is not used, so every file is hashed again."""
 
     def __init__(self) -> None:
-        self.path = user_cache_dir() / HASHES_FILE
-        try:
-            doc = loads(read_regular(self.path))
-            self.entries: dict[str, list[Any]] = doc if isinstance(doc, dict) else {}
-        except (OSError, JSONDecodeError):
-            self.entries = {}
+        folder = user_cache_dir()
+        self.path = folder / HASHES_FILE if folder is not None else None
+        self.entries: dict[str, list[Any]] = {}
+        if self.path is not None:
+            try:
+                doc = loads(read_regular(self.path))
+                if isinstance(doc, dict) and doc.get("format") == HASHES_FORMAT and verify(doc) \
+                        and isinstance(doc.get("entries"), dict):
+                    self.entries = doc["entries"]
+            except (OSError, JSONDecodeError):
+                pass
         self.changed = False
 
     def sha256(self, path: Path) -> str:
-        st = path.stat()  # follows a snapshot's symlink to the blob it names
         key = str(path.resolve())
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        now = stamp(path)
         entry = self.entries.get(key)
-        if isinstance(entry, list) and len(entry) == 4 and entry[:3] == stamp:
-            return str(entry[3])
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while block := f.read(1 << 22):
-                h.update(block)
-        self.entries[key] = [*stamp, h.hexdigest()]
+        if isinstance(entry, list) and len(entry) == 5 and entry[:4] == now:
+            return str(entry[4])
+        digest_ = sha256_of(path)
+        self.entries[key] = [*now, digest_]
         self.changed = True
-        return h.hexdigest()
+        return digest_
 
     def save(self) -> None:
-        if not self.changed:
+        if not self.changed or self.path is None or not available():
             return
         try:
-            self.path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-            atomic_write_bytes(self.path, dumps(self.entries))
+            atomic_write_bytes(self.path, dumps(sign({"format": HASHES_FORMAT, "entries": self.entries})))
         except OSError:
             pass  # only a cache: the next process hashes again
 
 
 def file_hash(path: Path) -> str:
-    """The sha256 of a file, re-computed only when its size, mtime or inode changed."""
+    """The sha256 of a file, re-computed only when its identity stamp changed."""
     cache = _HashCache()
     try:
         return cache.sha256(path)

@@ -4,10 +4,12 @@ The exported transformer lives in ``~/.cache/nubos-memory/onnx/<digest>/``
 (``$NUBOS_MEMORY_CACHE``), keyed by the digest of the model's files
 (``modelfiles.digest``): never inside a project, so a clone cannot plant a
 model, and a changed model gets a new export.  The folder and its files are
-owner-only.  ``export.json`` records the files' sha256 and the parity check,
-signed with this user's key (``trust.py``); an export is used only when the
-signature and the hashes check (a file's hash is re-computed whenever its
-size, mtime or inode changed) and its parity passed.
+owner-only.  ``export.json`` records the files' sha256, their identity stamps
+(size, mtime, ctime, inode) and the parity check, signed with this user's key
+(``trust.py``); an export is used only when the folder and its files belong to
+this user and nobody else can write them, the signature checks, each file's
+stamp is the recorded one (else its hash is computed again and compared), and
+its parity passed.
 
 *Parity*: before an export is used, the product's own embedding path (pieces,
 pooling) run by ONNX and by torch must give vectors with cosine ≥ 0.99999
@@ -25,6 +27,7 @@ import io
 import logging
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -34,14 +37,15 @@ from typing import Any
 
 import numpy as np
 
+from .. import userdirs
 from ..fsio import DIR_MODE, FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
 from ..records import now_iso
-from ..trust import sign, verify
+from ..trust import available, sign, verify
 from ..userdirs import user_cache_dir
-from .modelfiles import file_hash
+from .modelfiles import sha256_of, stamp
 from .onnx_runtime import OnnxRuntime, Unsupported, describe_folder
 
-RECIPE = 1  # the export recipe's version: a new one makes old exports stale
+RECIPE = 2  # the export recipe's version: a new one makes old exports stale (2: identity stamps)
 PARITY_MIN = 0.99999
 FILES = ("model.onnx", "model.onnx.data")
 META = "export.json"
@@ -61,12 +65,25 @@ PROBES = (
 )
 
 
-def root() -> Path:
-    return user_cache_dir() / "onnx"
+def root() -> Path | None:
+    """``onnx/`` in this user's cache folder (None when there is no safe one: nothing is exported)."""
+    cache = user_cache_dir()
+    return cache / "onnx" if cache is not None else None
 
 
-def folder_for(digest: str) -> Path:
-    return root() / digest
+def unkept() -> str | None:
+    """Why an export could not be kept between processes here (no safe cache folder, no signing key),
+    or None.  Then torch runs the model: exporting in every process would cost ~20 s a call."""
+    if root() is None:
+        return "no safe cache folder to keep an ONNX export in (memory-stats.user_folders): torch runs the model"
+    if not available():
+        return "no signing key to vouch for an ONNX export (memory-stats.user_folders): torch runs the model"
+    return None
+
+
+def folder_for(digest: str) -> Path | None:
+    where = root()
+    return where / digest if where is not None else None
 
 
 def _read_meta(where: Path) -> dict[str, Any] | None:
@@ -77,26 +94,51 @@ def _read_meta(where: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def _foreign(path: Path) -> str | None:
+    """Why a file of an export must not be trusted: not ours, or writable by others."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"{path.name} cannot be read ({exc.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path.name} is not a regular file"
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return f"{path.name} could be changed by another user (uid {st.st_uid}, mode {st.st_mode & 0o777:o})"
+    return None
+
+
 def state(digest: str) -> tuple[str, str, Path | None]:
     """``(status, why, model.onnx)`` of the export for a model digest, without loading anything:
     ``ready``, ``missing``, ``refused`` (parity failed or the model cannot be exported) or
-    ``damaged`` (a file or the record does not check)."""
+    ``damaged`` (a file or the record does not check, or another user could change them).
+
+    Cheap for every process: each file's identity stamp (size, mtime, ctime, inode) is compared with
+    the one the signed record holds; a file is hashed in full only when its stamp changed."""
     where = folder_for(digest)
+    if where is None:
+        return "missing", "no safe cache folder: nothing is exported (see memory-stats.user_folders)", None
     meta = _read_meta(where)
     if meta is None:
         return "missing", "not exported yet: the first embedding exports it once (about 20 s)", None
-    if verify(meta) is False:
+    folder_problem = userdirs.unsafe(where, write=False) or _foreign(where / META)
+    if folder_problem is not None:
+        return "damaged", f"the export folder {where} {folder_problem}: it is exported again", None
+    if not verify(meta):
         return "damaged", "export.json is not signed by this user's key", None
     if meta.get("recipe") != RECIPE:
         return "missing", "exported with an older recipe: it is exported again", None
     if meta.get("refused"):
         return "refused", str(meta["refused"]), None
+    stamps = meta.get("stamps") or {}
     for name, want in (meta.get("files") or {}).items():
+        problem = _foreign(where / name)
+        if problem is not None:
+            return "damaged", f"{problem}: it is exported again", None
         try:
-            got = file_hash(where / name)
+            same = stamps.get(name) == stamp(where / name) or sha256_of(where / name) == want
         except OSError:
-            got = None
-        if got != want:
+            same = False
+        if not same:
             return "damaged", f"{name} does not match its recorded sha256: it is exported again", None
     parity = meta.get("parity") or {}
     if not isinstance(parity.get("min_cos"), (int, float)) or parity["min_cos"] < PARITY_MIN:
@@ -108,12 +150,24 @@ def state(digest: str) -> tuple[str, str, Path | None]:
 def export(folder: Path, digest: str, *, quiet: bool = False) -> Path:
     """Export the model in ``folder`` (whose files have ``digest``), check its parity, and publish it
     in the cache; raise :class:`Unsupported` when it cannot be used (recorded, so it is not retried).
-    Takes a lock: two processes never export the same model at once."""
-    from filelock import FileLock
+    Takes a lock: two processes never export the same model at once (the second says it waits)."""
+    from filelock import FileLock, Timeout
 
-    root().mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    os.chmod(root(), DIR_MODE)
-    with FileLock(str(root() / f".{digest}.lock"), mode=FILE_MODE):
+    base = root()
+    if base is None or unkept():
+        raise Unsupported(unkept() or "no cache folder")
+    base.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    os.chmod(base, DIR_MODE)
+    lock = FileLock(str(base / f".{digest}.lock"), mode=FILE_MODE)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        if not quiet:
+            sys.stderr.write("nubos-memory: another process is exporting the embedding model to ONNX; waiting for "
+                             "it (once per model, about 20 s)...\n")
+            sys.stderr.flush()
+        lock.acquire()
+    try:
         status, why, path = state(digest)
         if status == "ready" and path is not None:
             return path  # another process exported it meanwhile
@@ -124,13 +178,13 @@ def export(folder: Path, digest: str, *, quiet: bool = False) -> Path:
             sys.stderr.write(f"nubos-memory: exporting the embedding model to ONNX, once ({folder.name})...\n")
             sys.stderr.flush()
         start = time.perf_counter()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=root()))  # fresh: onnx appends to a .data file
+        tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=base))  # fresh: onnx appends to a .data file
         try:
             os.chmod(tmp, DIR_MODE)
             info = _export_files(folder, tmp)
             for name in FILES:
                 os.chmod(tmp / name, FILE_MODE)
-            info["files"] = {name: file_hash(tmp / name) for name in FILES}
+            info["files"] = {name: sha256_of(tmp / name) for name in FILES}
             info["parity"] = parity(folder, tmp / "model.onnx")
             info["export_s"] = round(time.perf_counter() - start, 2)
             if info["parity"]["min_cos"] < PARITY_MIN:
@@ -139,17 +193,23 @@ def export(folder: Path, digest: str, *, quiet: bool = False) -> Path:
             _publish(tmp, digest, info)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        status, why, path = state(digest)
-        if status != "ready" or path is None:
-            raise Unsupported(why)
-        return path
+    finally:
+        lock.release()
+    status, why, path = state(digest)
+    if status != "ready" or path is None:
+        raise Unsupported(why)
+    return path
 
 
 def _publish(tmp: Path, digest: str, info: dict[str, Any]) -> None:
-    """Write the signed record and move the export into place (replacing a damaged or stale one)."""
-    info.update(recipe=RECIPE, digest=digest, exported_at=now_iso())
-    atomic_write_bytes(tmp / META, dumps(sign(info), pretty=True))
+    """Write the signed record and move the export into place (replacing a damaged or stale one).
+    A rename keeps each file's inode, mtime and ctime, so the stamps recorded here stay true."""
     target = folder_for(digest)
+    if target is None:
+        raise Unsupported("no safe cache folder")
+    info.update(recipe=RECIPE, digest=digest, exported_at=now_iso(),
+                stamps={name: stamp(tmp / name) for name in info.get("files") or {}})
+    atomic_write_bytes(tmp / META, dumps(sign(info), pretty=True))
     if target.exists():
         shutil.rmtree(target)
     os.replace(tmp, target)
@@ -157,8 +217,11 @@ def _publish(tmp: Path, digest: str, info: dict[str, Any]) -> None:
 
 def refuse(digest: str, why: str) -> None:
     """Record that this model cannot run on ONNX (so no process tries again)."""
-    root().mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=root()))
+    base = root()
+    if base is None or not available():
+        return
+    base.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=base))
     try:
         _publish(tmp, digest, {"refused": why, "files": {}})
     finally:

@@ -36,6 +36,14 @@ ANN_SLACK = 64  # extra rows asked of a store's own candidate index (rows this m
 KAPPA_MIN_ROWS = 16  # fewer rows than this are too few to tell their order's coherence from chance
 
 
+def usable(vectors: np.ndarray) -> np.ndarray:
+    """Which rows are vectors worth storing: every component finite and a non-zero length (a broken
+    model or a damaged export can give NaN or zero rows, whose cosines are meaningless)."""
+    rows = np.asarray(vectors, dtype=np.float32).reshape(len(vectors), -1)
+    ok: np.ndarray = np.isfinite(rows).all(axis=1) & (np.abs(rows).sum(axis=1) > 1e-6)
+    return ok
+
+
 @dataclass(frozen=True)
 class HnswParams:
     m: int = 16

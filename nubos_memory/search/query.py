@@ -97,6 +97,9 @@ def _vector_side(mem: Searchable, state: VectorState, text: str, scope: np.ndarr
     """Cosines of the candidates (vector top-n_cand, their neighbours, the lexical candidates), and
     the mean and sd of ``c'`` over the scope (every record's up to ``EXACT_LIMIT``, else a sample)."""
     q = mem.embedder.embed([text])[0]
+    if not vector_index.usable(q[None, :])[0]:
+        raise EmbeddingError("the model gave a non-finite or zero vector for the query; it is answered by keywords "
+                             "(memory-stats.runtime says what embeds)", code="embedding-invalid")
     index, labels = state.index, state.labels
     n = len(labels)
     cos = np.zeros(n, dtype=np.float64)
@@ -232,6 +235,7 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
                 degraded = exc.to_dict()
             else:
                 out["counts"]["pending"] = vec.pending
+                out["warnings"] += state.notes()
                 if vec.pending:
                     out["warnings"].append({
                         "code": "index-behind",

@@ -40,6 +40,16 @@ class VectorState:
     indexed: int = 0
     embedded: int = 0
     behind: int = 0  # records that still have no vector after this operation's catching up
+    invalid: int = 0  # records whose vector came out non-finite or zero: left pending, never stored
+
+    def notes(self) -> list[dict[str, Any]]:
+        """Warnings this operation's vector work is worth: vectors the model gave that were refused."""
+        if not self.invalid:
+            return []
+        return [{"code": "embedding-invalid", "count": self.invalid,
+                 "message": f"the model gave {self.invalid} non-finite or zero vector(s); they were not stored, "
+                            "and those records are ranked by their keywords until a working model embeds them "
+                            "(memory-stats.runtime; memory-rebuild --reembed after fixing it)"}]
 
     def vectors_of(self, positions: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The vectors this operation has for these records, in one array, and which of them have one."""
@@ -75,6 +85,7 @@ class Snapshot:
         self._vec_key: Any = None
         self.manifest: Manifest | None = None
         self.index: VectorIndex | None = None
+        self.unsigned = False  # no signing key: derived files are neither trusted nor written (trust.py)
 
     @property
     def records(self) -> "list[Record]":
@@ -211,10 +222,19 @@ class Snapshot:
 
         Raises the StoreError of a damaged derived file.
         """
-        manifest = self.store.read_manifest()
+        try:
+            manifest = self.store.read_manifest()
+            self.unsigned = False
+        except StoreError as exc:
+            if exc.code != "signing-key-unavailable":
+                raise
+            manifest, self.unsigned = None, True  # fail closed: as if nothing were derived (trust.py)
         key = None if manifest is None else manifest.get("generation")
         if key != self._vec_key or (manifest is not None and self.index is None):
-            parent, self.manifest, self.index = self._vec_key, *self.store.load_current()
+            if manifest is None:
+                parent, self.manifest, self.index = self._vec_key, None, None
+            else:
+                parent, self.manifest, self.index = self._vec_key, *self.store.load_current()
             self._vec_key = None if self.manifest is None else self.manifest.get("generation")
             if parent is not None and (self.manifest or {}).get("appended_to") == parent:
                 self._map(np.flatnonzero(self.labels < 0))  # an append kept every mapped row

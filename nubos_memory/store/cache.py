@@ -46,7 +46,7 @@ from ..fsio import (
 )
 from ..index.vectors import EXACT_LIMIT, HnswParams, VectorIndex, build_hnsw, kappa, load_hnsw, order_stats
 from ..records import SCHEMA_VERSION, now_iso
-from ..trust import file_sha256, sign, verify
+from ..trust import available, file_sha256, sign, verify
 from ..types import Manifest
 
 MANIFEST = "manifest.json"
@@ -156,13 +156,15 @@ class DerivedCache:
                 code="manifest-corrupt",
                 details={"path": str(self.manifest_path), "bytes": len(raw)},
             )
-        trusted = verify(doc)
-        if trusted is False:
+        if not available():  # fail closed: without a key nothing can be told trusted (trust.py)
+            raise StoreError("no signing key: derived files cannot be trusted, so they are not used and vectors "
+                             "are computed from records.jsonl for this call", code="signing-key-unavailable",
+                             details={"path": str(self.manifest_path)})
+        if not verify(doc):
             raise StoreError(
                 "manifest.json was not written by this user on this machine (a cloned or copied memory, or "
                 "an older version); its derived files are not used. Run memory-rebuild to re-derive them.",
                 code="manifest-untrusted", details={"path": str(self.manifest_path)})
-        doc["_verified"] = trusted is True
         self._last = (raw, doc)
         return cast(Manifest, dict(doc))
 
@@ -211,7 +213,7 @@ class DerivedCache:
                              details={"file": paths["vectors"].name}) from None
         # The graph is fed to hnswlib, which trusts its input: only a verified manifest's, and only
         # after its own checksum matches (checked here when it will be searched, else on first use).
-        graph = paths["index"] if manifest.get("_verified") and self.graph else None
+        graph = paths["index"] if self.graph else None
         index = VectorIndex(ids, hashes, vectors, graph, ef, vectors_path=paths["vectors"],
                             hnsw_sha256=(files.get("index") or {}).get("sha256"))
         if ours:
@@ -258,6 +260,9 @@ class DerivedCache:
         fresh graph is built (the deterministic rebuild path).  Without a graph (``self.graph``
         False) only keymap and vectors are written.  ``extra``: more manifest fields of the store's.
         """
+        if not available():
+            raise StoreError("no signing key: a derived file written now could never be trusted, so none is "
+                             "written; see memory-stats.user_folders", code="signing-key-unavailable")
         gen = f"{int(time.time() * 1000):x}-{secrets.token_hex(3)}"
         base_gen = (previous or {}).get("generation")
         names = _names(gen)

@@ -23,7 +23,7 @@ from ..faults import crash_point
 from ..fsio import atomic_write_bytes, dumps, loads, read_regular
 from ..index.lexical import PostingsBM25
 from ..tokenize import TOKENIZER_VERSION
-from ..trust import sign, verify
+from ..trust import available, sign, verify
 
 MANIFEST = "lexical.json"
 FORMAT = 2
@@ -42,7 +42,7 @@ class LexicalCache:
         """
         try:
             meta = loads(read_regular(self.folder / MANIFEST))
-            if meta.get("format") != FORMAT or meta.get("tokenizer") != TOKENIZER_VERSION or verify(meta) is False:
+            if meta.get("format") != FORMAT or meta.get("tokenizer") != TOKENIZER_VERSION or not verify(meta):
                 return None
             count, offset = int(meta["count"]), int(meta["offset"])
             if count > max_records or self.digest(offset) != meta["sha256"]:
@@ -65,7 +65,10 @@ class LexicalCache:
         (self.folder / MANIFEST).unlink(missing_ok=True)
 
     def save(self, engine: PostingsBM25, offset: int) -> None:
-        """Under the write lock: persist ``engine``, which covers the log up to ``offset``."""
+        """Under the write lock: persist ``engine``, which covers the log up to ``offset`` (not without a
+        signing key: nobody could trust it)."""
+        if not available():
+            return
         terms, arrays = engine.arrays()
         buf = io.BytesIO()
         named: dict[str, Any] = {"vocab": np.frombuffer("\n".join(terms).encode("utf-8"), dtype=np.uint8), **arrays}

@@ -132,7 +132,12 @@ class PgStore(LocalDerivedState):
         self.place = where(dsn)
         self.lock_timeout = lock_timeout
         key = hashlib.sha256(dumps([self.place, self.namespace])).hexdigest()[:16]
-        self.folder = user_cache_dir() / "postgres" / f"{self.namespace[:40]}-{key}"
+        cache = user_cache_dir()
+        if cache is None:
+            raise StoreError("team memory keeps this machine's derived files in the user's cache folder, and no "
+                             "safe one can be used (HOME unset or read-only, and the fallback refused); set "
+                             "NUBOS_MEMORY_CACHE to a folder only you can write", code="store-cache-unavailable")
+        self.folder = cache / "postgres" / f"{self.namespace[:40]}-{key}"
         self.cache = DerivedCache(self.folder, graph=False)  # candidates come from pgvector
         self.lexcache = LexicalCache(self.folder, self._digest)
         self._epoch: int | None = None  # of the log as last read
