@@ -7,7 +7,9 @@ file or the new one, never half of either.  Files are created 0600.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -107,10 +109,29 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
 
 
 
+class NotRegularFile(OSError):
+    """A path that should be a plain file is something else (a FIFO would block every reader)."""
+
+
+def open_regular(path: Path, flags: int, mode: int = FILE_MODE) -> int:
+    """``os.open`` of a plain file: never through a symlink, never blocking on a FIFO or a device
+    (``O_NONBLOCK`` has no effect on a regular file), and :class:`NotRegularFile` for anything that
+    is not a regular file."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def read_regular(path: Path) -> bytes:
     """The bytes of ``path``, refusing to follow a symlink (a memory folder from an untrusted
-    clone must not make us read outside it)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    clone must not make us read outside it) or to wait on a FIFO."""
+    fd = open_regular(path, os.O_RDONLY)
     try:
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read()

@@ -92,6 +92,14 @@ def iso_to_epoch(value: Any) -> float | None:
     return parsed.timestamp() if parsed.tzinfo is not None else None
 
 
+def recency(record: Record) -> tuple[float, str]:
+    """How new a statement is, by its own time, never by where its line sits in the log (a git merge
+    or rebase orders lines by who pulled): ``created_at``, then the id to break a tie the same way on
+    every machine.  A record without a time counts as the oldest."""
+    epoch = iso_to_epoch(record.get("created_at"))
+    return (float("-inf") if epoch is None else epoch, record["id"])
+
+
 def epoch_to_iso(t: float | None) -> str | None:
     return None if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -99,6 +99,7 @@ class WriteResult(TypedDict):
     skipped_ids: list[str]
     duplicates: list[dict[str, Any]]
     near_duplicates: list[dict[str, Any]]
+    reasserted: list[dict[str, Any]]  # repeats of a record a newer near duplicate overtook: stored (newest)
     forgotten: list[str]
     already_retired: list[str]
     indexed: int

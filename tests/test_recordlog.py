@@ -20,13 +20,15 @@ def test_refresh_parses_only_appends(tmp_path):
     assert len(scan.records) == 200 and scan.offset == path.stat().st_size
     assert log.refresh(scan) is scan  # unchanged: same object, nothing parsed
     with path.open("a") as f:
-        f.write(line(200) + "garbage\n" + line(5))  # a new record, a corrupt line, a duplicate id
+        # a new record, a corrupt line, a duplicate id with other content, the same line again (written later)
+        f.write(line(200) + "garbage\n" + line(5, body="changed") + line(6, created_at="2026-02-01T00:00:00Z"))
         f.write('{"id": "partial"')
     again = log.refresh(scan)
     assert again is scan and again.generation == 0
     assert [r["id"] for r in again.records[-1:]] == ["r200"]
-    assert again.corrupt[-1]["line"] == 202 and again.duplicates[-1] == {"line": 203, "id": "r5", "first_line": 6}
-    assert again.partial_tail["line"] == 204
+    assert again.corrupt[-1]["line"] == 202 and again.duplicates == [{"line": 203, "id": "r5", "first_line": 6}]
+    assert again.repeats == 1  # the same record twice is no problem worth a warning (issue 20 item 11)
+    assert again.partial_tail["line"] == 205
     with path.open("a") as f:
         f.write(', "type": "learning", "title": "now complete"}\n')
     done = log.refresh(scan)

@@ -42,7 +42,14 @@ def render_hit(rank: int, hit: Hit) -> str:
         facts.append("tags: " + ", ".join(rec["tags"]))
     facts.append(f"score: {hit['score']:.3f} ({hit['retrieval']})")
     body = (rec.get("body") or "").strip()
-    return f"### {rank}. {rec['title']}{provenance_label(rec)}\n{' · '.join(facts)}\n" + (f"\n{body}\n" if body else "")
+    folded = hit.get("collapsed")
+    fold = ""
+    if folded:  # the memory holds other, older statements like this one: say so, never hide it
+        count = folded["count"]
+        fold = (f"> {count} older near-duplicate note{'s' if count != 1 else ''} folded into this one (this is the "
+                f"newest): {', '.join(folded['ids'][:5])}{' …' if count > 5 else ''}\n")
+    return (f"### {rank}. {rec['title']}{provenance_label(rec)}\n{' · '.join(facts)}\n{fold}"
+            + (f"\n{body}\n" if body else ""))
 
 
 def fit_budget(hits: list[Hit], max_tokens: int) -> tuple[list[Hit], dict[str, Any]]:

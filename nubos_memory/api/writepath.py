@@ -18,9 +18,11 @@ import numpy as np
 
 from ..errors import EmbeddingError, InputError, RebuildRequired, StoreError
 from ..faults import crash_point
-from ..records import embed_text
+from ..records import embed_text, recency
 from ..search.dedup import find_exact, fingerprint, nearest, within_batch
 from ..store.recordlog import LogScan, forget_op
+
+NEAR_GROUP = 16  # near duplicates of a record looked at for a newer statement
 
 if TYPE_CHECKING:
     from ..config import MemoryConfig
@@ -69,7 +71,8 @@ class WritePath:
         snap = self.snap
         scan = snap.refresh()  # an unfinished tail is settled under the lock below, and reported
         checked = (scan.generation, len(scan.records), len(scan.deaths))  # the log the decisions saw
-        dupes = self._exact_duplicates(records, scan) if records and not force else {}
+        reasserted: dict[int, dict[str, str]] = {}
+        dupes = self._exact_duplicates(records, scan, reasserted) if records and not force else {}
         todo = [i for i, r in enumerate(records) if i not in dupes and scan.live(r["id"]) is None]
         vectors, near, degraded = self._embed_ahead(records, todo, scan, progress)
 
@@ -91,8 +94,11 @@ class WritePath:
                 if lexical is not None:  # another writer changed the log meanwhile: it may hold the same text
                     hit = find_exact(r, scan, lexical, snap.alive)
                     if hit is not None:
-                        dupes[i] = {"duplicate_of": scan.records[hit]["id"], "kind": "exact"}
-                        continue
+                        newer = self._newer_near(hit, scan)
+                        if newer is None:
+                            dupes[i] = {"duplicate_of": scan.records[hit]["id"], "kind": "exact"}
+                            continue
+                        reasserted[i] = {"repeats": scan.records[hit]["id"], "over": newer}
                 old = r.get("supersedes")
                 if old is not None and scan.live(old) is None and old not in batch_ids:
                     raise InputError(f"record {i} supersedes {old!r}, which is not a live record; nothing was written",
@@ -119,6 +125,8 @@ class WritePath:
             "duplicates": [{"index": i, "id": records[i]["id"], **d} for i, d in sorted(dupes.items())],
             "near_duplicates": [{"index": i, "id": records[i]["id"], **d} for i, d in sorted(near.items())
                                 if i in stored],
+            "reasserted": [{"index": i, "id": records[i]["id"], **d} for i, d in sorted(reasserted.items())
+                           if i in stored],
             "forgotten": forgotten,
             "already_retired": already,
             "indexed": state.indexed,
@@ -129,8 +137,38 @@ class WritePath:
             "warnings": scan.warnings() + state.notes(),
         }
 
-    def _exact_duplicates(self, records: "list[Record]", scan: LogScan) -> dict[int, dict[str, Any]]:
-        """Batch index -> the live (or earlier) record whose text it repeats exactly."""
+    def _newer_near(self, pos: int, scan: LogScan) -> str | None:
+        """The id of a live near duplicate (cosine ≥ ``memory.near_duplicate``) of the record at ``pos``
+        that is newer than it (``records.recency``), if any.  Writing ``pos``'s text again then is no
+        duplicate: it re-asserts an older statement over a newer one (an agent re-checked the original
+        fact after a correction), and is stored so that it becomes the newest.  None when the vector
+        layer cannot tell (the write is then an exact duplicate, as it always was)."""
+        threshold = self.config.near_duplicate
+        snap = self.snap
+        if threshold is None:
+            return None
+        try:
+            _, index, labels = snap.vectors()
+        except StoreError:
+            return None
+        if index is None or pos >= len(labels) or labels[pos] < 0:
+            return None
+        mine = recency(scan.records[pos])
+        live = labels[(labels >= 0) & snap.alive]
+        found, sims = index.top(np.asarray(index.vectors[labels[pos]]), NEAR_GROUP, live)
+        for label, sim in zip(found.tolist(), sims.tolist()):
+            if sim < threshold:
+                break
+            other = int(snap.positions_of(np.array([label]))[0])
+            if other >= 0 and other != pos and recency(scan.records[other]) > mine:
+                return scan.records[other]["id"]
+        return None
+
+    def _exact_duplicates(self, records: "list[Record]", scan: LogScan, reasserted: dict[int, dict[str, str]]
+                          ) -> dict[int, dict[str, Any]]:
+        """Batch index -> the live (or earlier) record whose text it repeats exactly.  A repeat of a
+        record that a newer near duplicate has overtaken is a re-assertion instead (``_newer_near``),
+        noted in ``reasserted``."""
         snap = self.snap
         dupes: dict[int, dict[str, Any]] = {}
         seen: dict[str, int] = {}
@@ -145,7 +183,11 @@ class WritePath:
             seen[fp] = i
             hit = find_exact(r, scan, lexical, snap.alive) if lexical is not None else None
             if hit is not None:
-                dupes[i] = {"duplicate_of": scan.records[hit]["id"], "kind": "exact"}
+                newer = self._newer_near(hit, scan)
+                if newer is None:
+                    dupes[i] = {"duplicate_of": scan.records[hit]["id"], "kind": "exact"}
+                else:
+                    reasserted[i] = {"repeats": scan.records[hit]["id"], "over": newer}
         return dupes
 
     def _embed_ahead(self, records: "list[Record]", todo: list[int], scan: LogScan, progress: "Progress | None"

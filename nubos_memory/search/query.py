@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import EmbeddingError, StoreError
 from ..index import vectors as vector_index
 from ..limits import MAX_ECHO, MAX_TAGS
+from ..records import recency
 from ..tokenize import tokenize
 from .dedup import collapse as collapse_near
 from .fusion import (
@@ -168,7 +169,7 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
 
     ``mode`` "lexical" or "vector" ranks by one signal only (with its neighbour context).  With
     ``collapse``, near duplicates among the hits (cosine ≥ ``memory.near_duplicate``) are one hit:
-    the newest of them is shown, ranked and scored as the best of them, the others counted in
+    the newest of them by ``created_at`` (``records.recency``) is shown, ranked and scored as the best of them, the others counted in
     its ``collapsed`` field (``dedup.collapse``).
     """
     cfg = mem.config
@@ -304,7 +305,7 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
     else:
         groups = [[c] for c in kept[:k]]
     for group in groups[:k]:
-        c = max(group, key=lambda g_: g_.position)  # the newest of near duplicates is shown
+        c = max(group, key=lambda g_: recency(records[g_.position]))  # the newest statement, by its time
         rec = records[c.position]
         hit: Hit = {"id": rec["id"], "score": round(group[0].score, 6), "retrieval": c.retrieval, "record": rec}
         if len(group) > 1:

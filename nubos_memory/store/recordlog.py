@@ -43,7 +43,8 @@ and those bytes were never acknowledged to anyone.
 
 Reading tolerates damage: a line that is not valid UTF-8, JSON, a valid
 record or a known operation is skipped and reported with its 1-based line
-number; a repeated id of a live record keeps its first occurrence.
+number; a repeated id of a live record keeps its first occurrence (and is reported, in
+``memory-stats`` only, when the repeat's content differs: the same line twice is no problem).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from typing import Any
 
 from ..errors import StoreError
 from ..faults import armed, crash_point
-from ..fsio import FILE_MODE, JSONDecodeError, dumps, fsync_dir, loads
+from ..fsio import FILE_MODE, JSONDecodeError, dumps, fsync_dir, loads, open_regular
 from ..limits import MAX_REASON
 from ..records import now_iso, read_record
 from ..types import Record
@@ -96,6 +97,7 @@ class LogScan:
     dead: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> why it is dead
     deaths: list[int] = field(default_factory=list)  # dead indexes in the order they died
     ops: int = 0  # operation lines applied (forget, group, commit, rollback)
+    repeats: int = 0  # lines that repeat a live record exactly (its id and content): nothing to report
 
     def ids(self) -> set[str]:
         """Ids of live records."""
@@ -113,7 +115,7 @@ class LogScan:
     def warnings(self, limit: int = 20) -> list[dict[str, Any]]:
         """Damage worth telling every caller about, ``limit`` of each kind (``problems`` has all counts)."""
         out = [{"code": "records-corrupt-line", **c} for c in self.corrupt[:limit]]
-        out += [{"code": "records-duplicate-id", **d} for d in self.duplicates[:limit]]
+        # (an id repeated with other content is said once, in memory-stats: problems(); not on every answer)
         out += [{"code": "records-group-damaged", **g} for g in self.damaged_groups[:limit]]
         out += [{"code": "records-stray-op", **s} for s in self.stray_ops[:limit]]
         if self.partial_tail is not None:
@@ -128,7 +130,11 @@ class LogScan:
         out = []
         for code, items, what in (
             ("records-corrupt-line", self.corrupt, "line(s) that are not valid records or operations were skipped"),
-            ("records-duplicate-id", self.duplicates, "line(s) repeat the id of a live record; the first is kept"),
+            ("records-duplicate-id", self.duplicates, "line(s) repeat the id of a live record with other content "
+                                                      "(no forget between them); the first is kept. To keep the "
+                                                      "first, run memory-compact (it drops the later lines); to "
+                                                      "keep a later one, memory-forget the id and memory-add that "
+                                                      "version again"),
             ("records-group-damaged", self.damaged_groups, "change(s) of several lines are damaged (a hand edit?); "
                                                            "their lines were applied one by one"),
             ("records-stray-op", self.stray_ops, "group/commit/rollback line(s) belong to no change; ignored"),
@@ -140,6 +146,11 @@ class LogScan:
             out.append({"code": "records-unfinished-write", "message": "records.jsonl ends in an unfinished write "
                         f"from line {self.partial_tail['line']}; the next write settles it", **self.partial_tail})
         return out
+
+
+def same_content(a: Record, b: Record) -> bool:
+    """Whether two lines hold the same record, when written at different times (``created_at``)."""
+    return {k: v for k, v in a.items() if k != "created_at"} == {k: v for k, v in b.items() if k != "created_at"}
 
 
 def _excerpt(raw: bytes) -> str:
@@ -217,7 +228,7 @@ class RecordLog:
         (a hand edit), it is parsed again from the start.
         """
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = open_regular(self.path, os.O_RDONLY)  # a FIFO there must not hang every verb
         except FileNotFoundError:
             return LogScan(generation=(scan.generation + 1) if scan and scan.records else 0)
         except OSError as exc:
@@ -351,7 +362,10 @@ class RecordLog:
         rid = rec["id"]
         first = scan.position.get(rid)
         if first is not None and first not in scan.dead:
-            _note(scan.duplicates, {"line": number, "id": rid, "first_line": scan.line_of[first]})
+            if not same_content(scan.records[first], rec):  # the same line twice (two teammates ingested one
+                _note(scan.duplicates, {"line": number, "id": rid, "first_line": scan.line_of[first]})  # file)
+            else:  # is no problem worth a word
+                scan.repeats += 1
             return
         at = len(scan.records)
         scan.position[rid] = at
@@ -456,7 +470,7 @@ class RecordLog:
 
     def _append_bytes(self, data: bytes) -> None:
         created = not self.path.exists()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+        fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             if armed("append-torn") and len(data) > 1:
                 os.write(fd, data[: len(data) // 2])

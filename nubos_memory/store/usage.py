@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from ..errors import InputError
-from ..fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
+from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, loads, open_regular, read_regular
 
 USAGE_LOG = "usage.jsonl"
 USAGE_SUMMARY = "usage.json"
@@ -62,7 +62,7 @@ class Usage:
             return True
         line = dumps({"t": round(time.time(), 3), "ids": ids}) + b"\n"
         try:
-            fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+            fd = open_regular(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # held for one write: a fold never loses this line
                 os.write(fd, line)
@@ -87,7 +87,7 @@ class Usage:
         since, ids = self._read_summary()
         first = None
         try:
-            fd = os.open(self.log_path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = open_regular(self.log_path, os.O_RDONLY)
             with os.fdopen(fd, "rb") as f:
                 for raw in f:
                     try:
@@ -112,7 +112,7 @@ class Usage:
         append waits instead of landing in a file that is being folded.
         """
         try:
-            fd = os.open(self.log_path, os.O_RDWR | os.O_NOFOLLOW)
+            fd = open_regular(self.log_path, os.O_RDWR)
         except FileNotFoundError:
             return
         try:
