@@ -118,18 +118,22 @@ def _find_key() -> tuple[bytes | None, list[dict[str, Any]]]:
     return None, notes
 
 
+def _env() -> tuple[str | None, ...]:
+    return (os.environ.get(KEY_ENV), *(os.environ.get(k) for k in userdirs.ENV_KEYS))
+
+
 def key() -> bytes | None:
     """This user's signing key, created on first use; None if none can be read or made."""
-    env = (os.environ.get(KEY_ENV), *(os.environ.get(k) for k in userdirs.ENV_KEYS))
-    found = _cache.get(env)
+    found = _cache.get(_env())
     if found is None:
-        found = _cache[env] = _find_key()
+        found = _cache[_env()] = _find_key()
     return found[0]
 
 
 def notices() -> list[dict[str, Any]]:
-    """Warnings about the signing key met so far in this process."""
-    return [n for _, notes in _cache.values() for n in notes]
+    """Warnings about the signing key (in this environment), once it was looked for."""
+    found = _cache.get(_env())
+    return list(found[1]) if found is not None else []
 
 
 def available() -> bool:

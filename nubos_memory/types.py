@@ -153,6 +153,7 @@ class Stats(TypedDict, total=False):
     consistency: Consistency
     backend: str
     store: dict[str, Any]
+    user_folders: dict[str, Any]  # this user's config and cache folders: where, fallback, what was refused
     memory_dir: str
     bytes: int
     warnings: list[dict[str, Any]]
@@ -180,7 +181,7 @@ class GotRecord(TypedDict):
     id: str
     live: bool
     retired: dict[str, Any] | None
-    record: Record
+    record: Record | None  # None for a redacted record: its text is gone
 
 
 class GetResult(TypedDict):

@@ -89,7 +89,7 @@ def unsafe(path: Path, *, write: bool) -> str | None:
 
 def prepare(path: Path, *, write: bool) -> str | None:
     """Create ``path`` owner-only when missing (``write``), then check it: None when usable, else why not."""
-    if write and not path.exists():
+    if write and not os.path.lexists(path):
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             path.mkdir(mode=0o700)
@@ -97,8 +97,12 @@ def prepare(path: Path, *, write: bool) -> str | None:
             pass
         except OSError as exc:
             return f"cannot be created ({exc.strerror})"
-    if not path.exists():
+    try:
+        os.stat(path)
+    except FileNotFoundError:
         return "does not exist"
+    except OSError as exc:
+        return f"cannot be reached ({exc.strerror})"
     return unsafe(path, write=write)
 
 
@@ -169,7 +173,10 @@ def notices() -> list[dict[str, Any]]:
     """Warnings about this user's folders met so far in this process: a folder refused because
     others could change what is in it, or no usable folder at all."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    for (kind, write), (_, found) in list(_resolved.items()):
+    env = tuple(os.environ.get(k) for k in ENV_KEYS)
+    for (kind, write), (seen, found) in list(_resolved.items()):
+        if seen != env:
+            continue  # resolved in another environment (a test, a library user who changed it)
         for refusal in found.refused or []:
             why = refusal["why"]
             if why == "does not exist" or "read-only" in why or why.startswith("cannot be created"):
@@ -191,8 +198,9 @@ def notices() -> list[dict[str, Any]]:
 def describe() -> dict[str, Any]:
     """Where this user's folders are (``memory-stats``)."""
     out: dict[str, Any] = {}
-    for (kind, write), (_, found) in sorted(_resolved.items()):
-        if write or kind not in out:
+    env = tuple(os.environ.get(k) for k in ENV_KEYS)
+    for (kind, write), (seen, found) in sorted(_resolved.items()):
+        if seen == env and (write or kind not in out):
             out[kind] = found.describe()
     return out
 

@@ -31,7 +31,16 @@ from ..faults import crash_point
 from ..fsio import DIR_MODE, atomic_write_bytes, dumps
 from ..limits import FUSIONS, MAX_ECHO, MAX_GET, MAX_K, MAX_PHASE, MAX_QUERY_CHARS, MAX_REASON, MAX_TOKENS, MODES
 from ..progress import Reporter, stage
-from ..records import SCHEMA_VERSION, embed_text, epoch_to_iso, iso_to_epoch, one_line, valid_id, validate_batch
+from ..records import (
+    SCHEMA_VERSION,
+    content_hash,
+    embed_text,
+    epoch_to_iso,
+    iso_to_epoch,
+    one_line,
+    valid_id,
+    validate_batch,
+)
 from ..search.snapshot import Snapshot
 from ..store.files import FileStore
 from ..store.recordlog import LogScan, RecordLog
@@ -229,6 +238,44 @@ class Memory:
                 "recovered": out["recovered"], "warnings": out["warnings"]}
 
     @_answer
+    def redact(self, ids: list[str], *, reason: str = "redacted") -> dict[str, Any]:
+        """Remove the text of records from the memory for good (``memory-redact``): a leaked secret, a
+        note that must not stay.
+
+        Unlike ``forget`` (a tombstone; the text stays in the log), every line of these ids is replaced,
+        in place, by a ``redact`` line holding no content (its reason and time, and a hash that knows
+        the line again, so a git merge that brings it back is caught and the next write removes it
+        again); so are the lines in the store's backups and set-aside torn bytes.  Then every derived
+        file is rebuilt (the lexical vocabulary held the words), and the answer says how to purge
+        the text from git history, which no tool here can reach.
+        """
+        from .githistory import purge_advice
+
+        self.require_enabled()
+        if not ids:
+            raise UsageError("give at least one record id to redact")
+        _check_ids(ids)
+        if not one_line(reason, MAX_REASON):
+            raise InputError(f"a reason is 1-{MAX_REASON} characters on one line", code="forget-invalid-reason",
+                             details={"length": len(reason) if isinstance(reason, str) else None})
+        wanted = set(dict.fromkeys(ids))
+        self.store.prepare()
+        with self.store.lock("memory-redact"):
+            scan, _ = settled_scan(self.snap, self.store)
+            unknown = sorted(rid for rid in wanted if rid not in scan.position and rid not in scan.redacted)
+            if unknown:
+                raise InputError(f"no record has the id {unknown[0]!r}; nothing was redacted", code="record-not-found",
+                                 details={"ids": unknown[:50], "written": 0})
+            keys = [content_hash(embed_text(r)) for r in scan.records if r["id"] in wanted]
+            done = self.store.redact(wanted, reason, keys)
+            self.snap.reset_lexical()
+        rebuilt = self.rebuild()
+        return {"redacted": done["ids"], "lines": done["lines"],
+                "already_redacted": sorted(wanted - set(done["ids"])), "rewritten": done["files"],
+                "rebuilt": rebuilt["count"], "git": purge_advice(self.project.root, self.store, done["ids"]),
+                "warnings": rebuilt["warnings"]}
+
+    @_answer
     def get(self, ids: list[str], *, track: bool = True) -> dict[str, Any]:
         """Records by id (``memory-get``), live or retired: a retired one says why and when
         (``retired``: reason, at, and the id that superseded it).  Ids no record has are listed in
@@ -244,6 +291,11 @@ class Memory:
         missing: list[str] = []
         for rid in dict.fromkeys(ids):
             pos = scan.position.get(rid)
+            if pos is None and rid in scan.redacted:  # its text is gone: only that it was, when and why
+                gone = scan.redacted[rid]
+                found.append({"id": rid, "live": False, "record": None,
+                              "retired": {"reason": "redacted", "at": gone.get("at"), "why": gone.get("reason")}})
+                continue
             if pos is None:
                 missing.append(rid)
                 continue

@@ -81,6 +81,12 @@ def collect_stats(mem: "Memory") -> Stats:
         problems.append({"code": "index-keymap-mismatch",
                          "message": f"index holds {index_count} vectors, keymap {keymap_count}"})
     problems += scan.problems()
+    if scan.redacted_present:
+        problems.append({"code": "records-redacted-present", "count": len(scan.redacted_present),
+                         "lines": scan.redacted_present[:50],
+                         "message": f"{len(scan.redacted_present)} line(s) hold text that was redacted (a git merge or "
+                                    "cherry-pick brought them back); they are never read, and the next write "
+                                    "removes them again (or run memory-redact with their ids)"})
     if pending and not any(p["code"] in VECTOR_BLOCKERS for p in problems):
         problems.append({"code": "index-behind", "count": pending,
                          "message": f"{pending} live record(s) have no vector yet; the next write or query "
@@ -95,7 +101,7 @@ def collect_stats(mem: "Memory") -> Stats:
         reasons[info["reason"]] = reasons.get(info["reason"], 0) + 1
     out: Stats = {
         "count": scan.live_count,
-        "retired": {"total": len(scan.dead), "by_reason": reasons},
+        "retired": {"total": len(scan.dead), "by_reason": reasons, "redacted": len(scan.redacted)},
         "dim": embedding.get("dim") if manifest else mem.embedder.known_dim(),
         "model": embedding.get("model") or cfg.model if manifest else cfg.model,
         "provider": embedding.get("provider") or cfg.provider,
@@ -130,6 +136,12 @@ def collect_stats(mem: "Memory") -> Stats:
         },
         "bytes": scan.size,
     }
+    from .. import trust, userdirs
+
+    trust.key()  # resolves the config folder, so user_folders below says where the key is (or why none is)
+    out["user_folders"] = userdirs.describe()
+    problems += [n for n in trust.notices() + userdirs.notices() if n not in problems]
+    out["consistency"]["consistent"] = out["consistency"]["consistent"] and not problems
     where = mem.store.describe()
     out["backend"] = str(where.get("backend"))
     out["store"] = where

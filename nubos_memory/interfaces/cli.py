@@ -62,6 +62,9 @@ def _arguments(name: str, p: argparse.ArgumentParser) -> None:
     elif name == "memory-forget":
         p.add_argument("ids", nargs="+", metavar="ID", help="record ids to retire")
         p.add_argument("--reason", default="forgotten", help="why (kept in the tombstone; default: forgotten)")
+    elif name == "memory-redact":
+        p.add_argument("ids", nargs="+", metavar="ID", help="record ids whose text must leave the memory")
+        p.add_argument("--reason", default="redacted", help="why (kept in the content-free redact line)")
     elif name == "memory-ingest":
         p.add_argument("paths", nargs="+", metavar="PATH",
                        help="markdown files or folders, relative to the project root")

@@ -224,6 +224,12 @@ def _forget(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).forget(list(request.get("ids") or []), reason=request.get("reason") or "forgotten")
 
 
+@verb("memory-redact", "remove the text of records from the log and its backups for good (a leaked secret); "
+      "says how to purge it from git history", writes=True, long=True)
+def _redact(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).redact(list(request.get("ids") or []), reason=request.get("reason") or "redacted")
+
+
 @verb("memory-ingest", "index markdown files and folders (CLAUDE.md, docs/, memory category files)", writes=True,
       long=True)
 def _ingest(ctx: Context, request: Request) -> Any:

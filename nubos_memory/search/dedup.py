@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..records import recency
 from ..tokenize import tokenize
 from ..types import Record
 
@@ -66,7 +67,8 @@ def content_terms(record: Record) -> frozenset[str]:
 
 
 def find_exact(record: Record, scan: "LogScan", lexical: "PostingsBM25", alive: np.ndarray) -> int | None:
-    """The position of a live record that is an exact duplicate of ``record``, if any."""
+    """The position of the newest (``records.recency``) live record that is an exact duplicate of
+    ``record``, if any (a re-asserted statement can have several live copies)."""
     want = fingerprint(record)
     terms = content_terms(record)
     if terms:
@@ -76,10 +78,9 @@ def find_exact(record: Record, scan: "LogScan", lexical: "PostingsBM25", alive: 
         candidates = lexical.postings(rarest).tolist()
     else:  # only stop words or punctuation (rare): compare with every live record of the type
         candidates = [p for p, r in enumerate(scan.records) if r["type"] == record["type"]]
-    for pos in candidates:
-        if pos < len(alive) and alive[pos] and fingerprint(scan.records[pos]) == want:
-            return int(pos)
-    return None
+    found = [int(pos) for pos in candidates
+             if pos < len(alive) and alive[pos] and fingerprint(scan.records[pos]) == want]
+    return max(found, key=lambda pos: recency(scan.records[pos])) if found else None
 
 
 def nearest(vectors: np.ndarray, index: "VectorIndex | None", allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

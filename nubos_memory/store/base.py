@@ -81,6 +81,12 @@ class Store(Protocol):
         """Under the lock: replace the log by these records, keeping the old log (``memory-compact``)."""
         ...
 
+    def redact(self, ids: set[str], reason: str, keys: Sequence[str] = ()) -> dict[str, Any]:
+        """Under the lock: remove the text of every record line of ``ids`` from the log and every copy the
+        store keeps of it (backups), leaving ``redact`` lines; drop the shared vectors of the texts
+        ``keys`` name.  Say how many lines, which ids and which files or tables."""
+        ...
+
     def export_lines(self) -> Iterator[bytes]:
         """Every line of the log, in order, as ``records.jsonl`` holds them (``memory-export``)."""
         ...

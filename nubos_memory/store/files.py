@@ -29,7 +29,7 @@ from ..trust import file_sha256
 from .cache import DerivedCache, LocalDerivedState
 from .lexcache import LexicalCache
 from .lock import WriteLock
-from .recordlog import LogScan, RecordLog
+from .recordlog import LogScan, RecordLog, redact_lines
 from .usage import Usage
 
 if TYPE_CHECKING:
@@ -143,7 +143,39 @@ class FileStore(LocalDerivedState):
         self.log.append(records, ops)
 
     def settle(self, scan: LogScan) -> dict[str, Any] | None:
-        return self.log.recover_tail(scan)
+        done = self.log.recover_tail(scan)
+        if scan.redacted_present:  # redacted text a merge brought back: removed again, under the lock
+            purged = self.redact(set(scan.redacted), "redacted again: the text came back (a git merge?)")
+            done = {**(done or {}), "redacted_again": purged["lines"]}
+        return done
+
+    def redact(self, ids: set[str], reason: str, keys: Sequence[str] = ()) -> dict[str, Any]:
+        """Under the lock: remove every record line of ``ids`` from the log and from every copy of it in
+        the folder (``records.jsonl.bak-*`` backups, torn bytes set aside), leaving ``redact`` lines
+        (``recordlog.redact_lines``); each file is replaced atomically.  The derived files still hold
+        the text (lexical vocabulary) until the caller rebuilds them.  ``keys``: texts' vector keys
+        (shared vectors; this store shares none)."""
+        found: list[str] = []
+        files: list[str] = []
+        for path in [self.log.path, *sorted(self.folder.glob(f"{RECORDS}.bak-*"))]:
+            try:
+                data = read_regular(path)
+            except FileNotFoundError:
+                continue
+            lines, hit = redact_lines(data.splitlines(keepends=True), ids, reason)
+            if hit:
+                atomic_write_bytes(path, b"".join(lines))
+                found += hit if path == self.log.path else []
+                files.append(path.name)
+        torn = self.folder / (RECORDS + ".torn")
+        if torn.exists():  # set-aside fragments are line beginnings: drop any that names a redacted id
+            kept = [f for f in read_regular(torn).splitlines(keepends=True)
+                    if not any(rid.encode() in f for rid in ids)]
+            if b"".join(kept) != read_regular(torn):
+                atomic_write_bytes(torn, b"".join(kept))
+                files.append(torn.name)
+        self.lexcache.invalidate()
+        return {"lines": len(found), "ids": sorted(set(found)), "files": files}
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
         """Under the lock: the current log is kept as ``records.jsonl.bak-<time>`` (a hard link, so not a

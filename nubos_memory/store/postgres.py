@@ -58,7 +58,7 @@ from ..fsio import dumps, ensure_dir
 from ..userdirs import user_cache_dir
 from .cache import DerivedCache, LocalDerivedState
 from .lexcache import LexicalCache
-from .recordlog import LogScan, RecordLog
+from .recordlog import LogScan, RecordLog, redact_lines
 
 if TYPE_CHECKING:
     import numpy as np
@@ -278,6 +278,37 @@ class PgStore(LocalDerivedState):
                                 [(self.namespace, line) for line in lines])
         return {"backup": f"nubos_memory_log_backup (namespace {self.namespace!r}, epoch {epoch - 1})",
                 "bytes": {"before": before, "after": sum(len(line.encode()) + 1 for line in lines)}}
+
+    def redact(self, ids: set[str], reason: str, keys: Sequence[str] = ()) -> dict[str, Any]:
+        """Under the lock, one transaction: every record line of ``ids`` in the log and in its backups is
+        replaced by a ``redact`` line (``recordlog.redact_lines``), the texts' shared vectors are deleted,
+        and the epoch is bumped, so every machine reads the log again from its start."""
+        found: list[str] = []
+        tables: list[str] = []
+        patterns = [f"%{rid}%" for rid in ids]
+        with self.db() as conn, conn.transaction():
+            for table, key in (("nubos_memory_log", "seq"), ("nubos_memory_log_backup", "ctid")):
+                rows = conn.execute(f"SELECT {key}::text, line FROM {table} WHERE namespace = %s "
+                                    "AND line LIKE ANY(%s)", (self.namespace, patterns)).fetchall()
+                changed = []
+                for ref, line in rows:
+                    (new,), hit = redact_lines([line.encode() + b"\n"], ids, reason)
+                    if hit:
+                        changed.append((new.decode().rstrip("\n"), ref))
+                        found += hit if table == "nubos_memory_log" else []
+                if changed:
+                    tables.append(table)
+                    with conn.cursor() as cur:
+                        cur.executemany(f"UPDATE {table} SET line = %s WHERE namespace = %s AND "
+                                        f"{key} = %s::{'bigint' if key == 'seq' else 'tid'}",
+                                        [(line, self.namespace, ref) for line, ref in changed])
+            if keys:
+                conn.execute("DELETE FROM nubos_memory_embeddings WHERE namespace = %s AND key = ANY(%s)",
+                             (self.namespace, list(keys)))
+            conn.execute("UPDATE nubos_memory_namespace SET epoch = epoch + 1 WHERE namespace = %s",
+                         (self.namespace,))
+        self.lexcache.invalidate()
+        return {"lines": len(found), "ids": sorted(set(found)), "files": tables}
 
     def export_lines(self) -> Iterator[bytes]:
         """Every line of the log, in order (``memory-export``)."""

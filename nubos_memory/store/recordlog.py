@@ -7,6 +7,8 @@ Each line is a record, or an operation on records (adr/0008)::
     {"op": "group", "lines": K, "gid": G}                      the next K lines are one change ...
     {"op": "commit", "gid": G}                                 ... which ends here
     {"op": "rollback", "gid": G}                               ... or was abandoned by a crashed writer
+    {"op": "redact", "id": "X", "line_sha256": H, "at", "reason"}  in place of a record line whose text was
+                                                               removed (``memory-redact``)
 
 A record may name the id it replaces (``"supersedes": "X"``): X is then dead
 like a forgotten one.  Dead records keep their position (so every derived
@@ -41,6 +43,13 @@ is added; any other torn bytes are copied to ``records.jsonl.torn`` and cut.
 That cut is the only way bytes leave the log outside ``memory-compact``,
 and those bytes were never acknowledged to anyone.
 
+**Redaction** is the one rewrite of lines outside ``memory-compact``: ``memory-redact``
+replaces each line of a record by a ``redact`` line that holds no content, only the
+sha256 of the line it replaced (:func:`redact_lines`).  A line with that id and that
+hash found anywhere in the log (a git merge or a cherry-pick can bring it back) is
+never read as a record: it is counted in ``redacted_present``, and the next writer
+removes it again (``FileStore.settle``).
+
 Reading tolerates damage: a line that is not valid UTF-8, JSON, a valid
 record or a known operation is skipped and reported with its 1-based line
 number; a repeated id of a live record keeps its first occurrence (and is reported, in
@@ -49,6 +58,7 @@ number; a repeated id of a live record keeps its first occurrence (and is report
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from collections.abc import Sequence
@@ -98,6 +108,8 @@ class LogScan:
     deaths: list[int] = field(default_factory=list)  # dead indexes in the order they died
     ops: int = 0  # operation lines applied (forget, group, commit, rollback)
     repeats: int = 0  # lines that repeat a live record exactly (its id and content): nothing to report
+    redacted: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {at, reason, hashes} of redactions
+    redacted_present: list[int] = field(default_factory=list)  # lines of redacted content found again
 
     def ids(self) -> set[str]:
         """Ids of live records."""
@@ -148,6 +160,34 @@ class LogScan:
         return out
 
 
+def line_hash(raw: bytes) -> str:
+    """What a ``redact`` line records of the line it replaced: enough to know that line again, nothing
+    of its content."""
+    return hashlib.sha256(raw.rstrip(b"\r\n")).hexdigest()[:32]
+
+
+def _note_redaction(scan: "LogScan", op: dict[str, Any]) -> None:
+    info = scan.redacted.setdefault(op["id"], {"at": op.get("at"), "reason": op.get("reason"), "hashes": set()})
+    info["hashes"].add(op["line_sha256"])
+
+
+def redact_lines(lines: list[bytes], ids: set[str], reason: str) -> tuple[list[bytes], list[str]]:
+    """``lines`` (each with its newline) with every record line of ``ids`` replaced by a ``redact``
+    line, and the ids whose lines were found."""
+    at = now_iso()
+    needles = [rid.encode() for rid in ids]
+    out, found = [], []
+    for raw in lines:
+        if any(n in raw for n in needles):
+            kind, obj, _ = _classify(raw.rstrip(b"\r\n"))
+            if kind == "record" and obj["id"] in ids:
+                raw = dumps({"op": "redact", "id": obj["id"], "line_sha256": line_hash(raw), "at": at,
+                             "reason": reason}) + b"\n"
+                found.append(obj["id"])
+        out.append(raw)
+    return out, found
+
+
 def same_content(a: Record, b: Record) -> bool:
     """Whether two lines hold the same record, when written at different times (``created_at``)."""
     return {k: v for k, v in a.items() if k != "created_at"} == {k: v for k, v in b.items() if k != "created_at"}
@@ -188,6 +228,10 @@ def _classify(raw: bytes) -> tuple[str, Any, str | None]:
             if type(obj.get("id")) is str and obj["id"]:
                 return "forget", obj, None
             return "corrupt", None, "forget: id must be a non-empty string"
+        if op == "redact":
+            if type(obj.get("id")) is str and obj["id"] and type(obj.get("line_sha256")) is str:
+                return "redact", obj, None
+            return "corrupt", None, "redact: id and line_sha256 must be strings"
         return "corrupt", None, f"unknown op {str(op)[:40]!r}"
     rec, err = read_record(obj)
     if err is not None:
@@ -265,6 +309,12 @@ class RecordLog:
         """Parse ``data[start:]``, which begins at ``scan.offset`` in the file."""
         base = scan.offset - start
         end = data.rfind(b"\n") + 1
+        if b'"redact"' in data[start:end]:  # know every redaction first: a line it names may come before it
+            for raw in data[start:end].split(b"\n"):
+                if b'"redact"' in raw:
+                    kind, obj, _ = _classify(raw)
+                    if kind == "redact":
+                        _note_redaction(scan, obj)
         scan.size = base + len(data)
         number = scan.lines
         pos = start
@@ -328,9 +378,21 @@ class RecordLog:
 
     def _apply(self, scan: LogScan, kind: str, obj: Any, reason: str | None, number: int, raw: bytes) -> None:
         if kind == "record":
+            redactions = scan.redacted.get(obj["id"])
+            if redactions is not None and line_hash(raw) in redactions["hashes"]:
+                scan.redacted_present.append(number)  # redacted text came back (a merge): never read
+                return
             self._record(scan, obj, number)
         elif kind == "forget":
             self._forget(scan, obj, number)
+            scan.ops += 1
+        elif kind == "redact":
+            _note_redaction(scan, obj)
+            target = scan.live(obj["id"])
+            if target is not None:  # a copy read before its redact line (a merge put it there)
+                scan.dead[target] = {"line": number, "reason": "redacted", "at": obj.get("at")}
+                scan.deaths.append(target)
+                scan.redacted_present.append(scan.line_of[target])
             scan.ops += 1
         elif kind in GROUP_OPS:
             _note(scan.stray_ops, {"line": number, "op": kind})
@@ -418,7 +480,7 @@ class RecordLog:
             except JSONDecodeError:
                 pass
             kind = _classify(torn)[0] if obj is not None else "corrupt"
-            if kind in ("record", "forget", "commit", "rollback"):
+            if kind in ("record", "forget", "redact", "commit", "rollback"):
                 self._append_bytes(b"\n")  # only the newline was lost
                 out.update(action="completed", id=obj.get("id") if kind == "record" else None)
             else:
