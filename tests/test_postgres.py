@@ -222,8 +222,11 @@ def writers(team, tmp_path, count, each, restart=None):
             [sys.executable, "-c", WRITER, str(team), f"w{w}", str(each), str(tmp_path / f"acked-{w}")],
             env={**env, "NUBOS_MEMORY_CACHE": str(tmp_path / f"cache-{w}")},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    if restart is not None:
-        time.sleep(3.0)
+    if restart is not None:  # kill the database once the writers are under way, long before they finish
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sum(
+                len(p.read_text().split()) for p in tmp_path.glob("acked-*") if p.suffix != ".down") < count * each // 10:
+            time.sleep(0.05)
         restart(1.0)
     for p in procs:
         _, err = p.communicate(timeout=1200)
@@ -457,3 +460,36 @@ def test_a_big_batch_rebuilds_the_hnsw_index_in_bulk_and_a_small_one_extends_it(
     assert second is not None and second != first
     hits = query(team, "retries case 86", "--mode", "vector").json
     assert hits["degraded"] is None and hits["hits"][0]["id"] == "m86"
+
+
+def test_redact_removes_the_text_from_the_log_table_and_its_backups(team, pg, tmp_path):
+    """Issue 20 item 3 on the team store: after memory-redact neither nubos_memory_log nor
+    nubos_memory_log_backup holds the text, every machine reads the log again, and the shared vector
+    of the text is gone."""
+    import psycopg
+
+    secret = "hunter2-team-SECRET"
+    assert index_records(team, NOTES[:4]).code == 0
+    assert run_cli(["memory-add", "--root", str(team), "--type", "learning", "--title", "agent: bad note",
+                    "--body", f"the password is {secret}", "--id", "bad1"]).code == 0
+    assert run_cli(["memory-compact", "--root", str(team)]).code == 0  # a backup holding the secret
+    other = {"NUBOS_MEMORY_CACHE": str(tmp_path / "cache-b")}
+    assert secret in run_sub(["memory-query", "--root", str(team), "password"], env=other).out
+    namespace = json.loads((team / ".nubos-pilot" / "config.json").read_text())["memory"]["postgres"]["namespace"]
+
+    def holding() -> int:
+        with psycopg.connect(pg[0]) as conn:
+            return sum(conn.execute(f"SELECT count(*) FROM {t} WHERE namespace = %s AND line LIKE %s",
+                                    (namespace, f"%{secret}%")).fetchone()[0]
+                       for t in ("nubos_memory_log", "nubos_memory_log_backup"))
+
+    before = holding()
+    assert before >= 2
+    out = run_cli(["memory-redact", "--root", str(team), "bad1", "--reason", "leaked"]).json
+    assert out["redacted"] == ["bad1"] and set(out["rewritten"]) == {"nubos_memory_log", "nubos_memory_log_backup"}
+    assert holding() == 0
+    after = run_sub(["memory-query", "--root", str(team), "password"], env=other)  # another machine's cache
+    assert after.code == 0 and secret not in after.out
+    got = run_cli(["memory-get", "--root", str(team), "bad1"]).json["records"][0]
+    assert got["record"] is None and got["retired"]["reason"] == "redacted"
+    assert run_cli(["memory-stats", "--root", str(team)]).json["count"] == 4
