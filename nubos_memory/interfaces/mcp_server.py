@@ -15,7 +15,17 @@ Every failure is one shape: an MCP tool error (``is_error``) whose text is our
 JSON error envelope with a stable code: the
 library's own codes, ``tool-unknown``, ``argument-unknown`` (a name the tool
 does not take: agents invent ``limit`` or ``filter``) and ``argument-invalid``
-(field names and what is wrong; the rejected values are not echoed).
+(field names and what is wrong; the rejected values are not echoed).  Arguments are checked
+strictly against the advertised schema: ``k: "2"``, ``k: true`` or ``explain: "yes"`` are
+``argument-invalid``, not coerced (an integer is still a number).
+
+The stdio transport is our own (:func:`stdio_streams`): the SDK's drops a line it cannot read
+without a word, so the agent's call hangs.  Here every request gets an answer for its id: a line
+that is not JSON is ``-32700``, one that is not a request ``-32600``, a ``tools/call`` whose
+arguments hold text that is not Unicode (a lone surrogate escape, bytes that are not UTF-8) or
+nesting deeper than the JSON reader takes is ``argument-invalid`` like any other argument error,
+and a line over :data:`MAX_LINE` bytes is refused without being held in memory.  A notification
+nobody could read is dropped: there is nothing to answer.
 
 stdout belongs to the protocol: nothing else is ever printed there.
 """
@@ -23,10 +33,16 @@ stdout belongs to the protocol: nothing else is ever printed there.
 from __future__ import annotations
 
 import inspect
+import itertools
+import json
+import re
+import sys
 import threading
 import types as pytypes
 import typing
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Annotated, Any, BinaryIO, Literal
 
 from pydantic import Field
 
@@ -66,7 +82,9 @@ from ..types import (
 from .verbs import VERBS, Context, run
 
 if TYPE_CHECKING:
-    from mcp_types import CallToolResult
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+    from mcp.shared.message import SessionMessage
+    from mcp_types import CallToolResult, JSONRPCMessage
 
     from .warm import WarmMemory
 
@@ -193,6 +211,21 @@ def build_server(root: str | None) -> tuple[Any, "WarmMemory"]:
             for tool in tools:
                 tool.input_schema = plain_schema(tool.input_schema)
             return tools
+
+        def add_tool(self, fn: Any, name: str | None = None, *args: Any, **kwargs: Any) -> None:
+            """The SDK's tool, its arguments validated strictly (:func:`strict_arguments`)."""
+            super().add_tool(fn, name, *args, **kwargs)
+            strict_arguments(self._tool_manager.get_tool(name or fn.__name__))
+
+        async def run_stdio_async(self) -> None:
+            """Serve over stdio through our transport, which answers every request."""
+            def allowed(name: str) -> list[str] | None:
+                tool = self._tool_manager.get_tool(name)
+                return None if tool is None else sorted(tool.parameters.get("properties") or {})
+
+            async with stdio_streams(allowed) as (read_stream, write_stream):
+                await self._lowlevel_server.run(read_stream, write_stream,
+                                                self._lowlevel_server.create_initialization_options())
 
         async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
             if not self.schemas:
@@ -376,6 +409,304 @@ def build_server(root: str | None) -> tuple[Any, "WarmMemory"]:
         server.add_tool(fn, title=title, description=described(fn.__doc__ or ""),
                         annotations=ToolAnnotations(title=title, **hints, **hint))
     return server, warm
+
+
+def strict_arguments(tool: Any) -> None:
+    """Validate ``tool``'s arguments strictly, as its schema reads: pydantic's lax mode would take
+    ``"2"`` or ``true`` for an integer and ``"yes"`` for a boolean, and the SDK would parse a string
+    holding JSON into the list asked for.  An integer is still a number (``alpha: 1``).  The
+    advertised schema is made once, before this, and stays as it was."""
+    from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
+    from pydantic import ConfigDict
+
+    class StrictMetadata(FuncMetadata):
+        def pre_parse_json(self, data: dict[str, Any]) -> dict[str, Any]:
+            return dict(data)  # a string is a string, even one that holds JSON
+
+    meta = tool.fn_metadata
+    model = type(meta.arg_model.__name__, (meta.arg_model,),
+                 {"model_config": ConfigDict(strict=True), "__module__": meta.arg_model.__module__})
+    tool.fn_metadata = StrictMetadata(arg_model=model, output_schema=meta.output_schema,
+                                      output_model=meta.output_model, wrap_output=meta.wrap_output)
+
+
+# The stdio transport: one JSON-RPC message per line, every request answered.
+
+MAX_LINE = 16 * 1024 * 1024  # bytes a message (one line) may have; a longer one is refused, never held whole
+MAX_DEPTH = 200  # nesting the SDK's JSON reader (pydantic-core) takes; a deeper value is refused
+PREFIX = 64 * 1024  # bytes of an oversize line kept to find its id
+DEEP = "\x00nubos-memory: nested too deep\x00"  # what a container past MAX_DEPTH reads as once cut out
+TOO_DEEP = f"is nested deeper than {MAX_DEPTH} levels"
+NOT_TEXT = "is not valid Unicode text (a lone surrogate escape or bytes that are not UTF-8)"
+# A string token, read once and never backtracked into: one left open runs to the end of the line, so
+# that a line of escaped quotes costs one pass, not one pass per quote.  Brackets come in runs.
+STRING = r'"(?>[^"\\]*+(?:\\.[^"\\]*+)*+)"?'
+NESTING = re.compile(rf"{STRING}|(?P<open>[\[{{]++)|(?P<close>[\]}}]++)", re.DOTALL)
+MEMBERS = re.compile(rf"(?P<string>{STRING})(?P<colon>\s*+:)?|(?P<open>[\[{{]++)|(?P<close>[\]}}]++)"
+                     r"|-?\d++(?:\.\d++)?(?:[eE][+-]?\d++)?|true|false|null", re.DOTALL)
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def read_line(wire: BinaryIO) -> tuple[bytes, int] | None:
+    """The next line from ``wire`` and its size in bytes, or None at the end.  A line over
+    :data:`MAX_LINE` is read to its end, but only its first :data:`PREFIX` bytes are kept."""
+    line = wire.readline(MAX_LINE + 1)
+    if not line:
+        return None
+    if line.endswith(b"\n") or len(line) <= MAX_LINE:
+        return line, len(line.rstrip(b"\r\n"))
+    head, size = line[:PREFIX], len(line)
+    while True:
+        more = wire.readline(1024 * 1024)
+        size += len(more.rstrip(b"\r\n"))
+        if not more or more.endswith(b"\n"):
+            return head, size
+
+
+def prune(text: str, limit: int = MAX_DEPTH) -> str:
+    """``text`` with every array or object nested deeper than ``limit`` replaced by the string
+    :data:`DEEP`, so that the standard library reads it (and says where it was cut)."""
+    parts: list[str] = []
+    depth, start, cut = 0, 0, -1  # cut: where the container being cut out begins
+    for match in NESTING.finditer(text):
+        if match.group("open"):
+            run = len(match.group())
+            if depth <= limit < depth + run:
+                cut = match.start() + limit - depth
+            depth += run
+        elif match.group("close"):
+            run = len(match.group())
+            if cut >= 0 and depth - run <= limit:
+                start_next = match.start() + depth - limit  # just past the bracket that closes the cut one
+                parts += [text[start:cut], json.dumps(DEEP)]
+                start, cut = start_next, -1
+            depth = max(depth - run, 0)
+    if cut >= 0:
+        parts += [text[start:cut], json.dumps(DEEP)]
+        start = len(text)
+    return "".join([*parts, text[start:]]) if parts else text
+
+
+def find_id(text: str) -> int | str | None:
+    """The id of a message that cannot be read whole (cut short, too deep, not JSON): the first
+    ``"id"`` member of its top-level object, if it can be a request id."""
+    depth, key, top = 0, None, text.lstrip().startswith("{")
+    for match in MEMBERS.finditer(text):
+        if match.group("open"):
+            depth += len(match.group())
+        elif match.group("close"):
+            depth = max(depth - len(match.group()), 0)
+        elif depth == 1 and top:
+            if match.group("colon"):
+                key = scalar(match.group("string"))
+                continue
+            if key == "id":
+                return request_id(scalar(match.group()))
+        key = None
+    return None
+
+
+def scalar(token: str) -> Any:
+    try:
+        return json.loads(token)
+    except ValueError:
+        return None
+
+
+def request_id(value: Any) -> int | str | None:
+    """``value`` if it can be a request id that is written back (an integer or clean text), else None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and not SURROGATE.search(value):
+        return value
+    return None
+
+
+def unreadable(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Where in ``value`` (read by :func:`prune` and the standard library) is something the SDK's
+    reader refuses, and what: text that is not Unicode, nesting too deep."""
+    if isinstance(value, str):
+        if value == DEEP:
+            yield path, TOO_DEEP
+        elif SURROGATE.search(value):
+            yield path, NOT_TEXT
+    elif isinstance(value, dict | list) and len(path) >= MAX_DEPTH:  # the top level is the first level
+        yield path, TOO_DEEP
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if SURROGATE.search(key):
+                yield (*path, key), NOT_TEXT
+            yield from unreadable(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from unreadable(item, (*path, str(index)))
+
+
+def field(path: tuple[str, ...]) -> str:
+    """A path as a field name that can be written back: its first few steps, a name that is not
+    Unicode escaped."""
+    shown = ".".join(path[:4]) + (".…" if len(path) > 4 else "")
+    return shown.encode("utf-8", "backslashreplace").decode()[:MAX_ECHO]
+
+
+def reported(found: list[tuple[str, str]]) -> list[dict[str, str]]:
+    """Each field's first problem, in the argument-invalid shape (``field``, ``problem``)."""
+    first: dict[str, str] = {}
+    for name, what in found:
+        first.setdefault(name, what)
+    return [{"field": name, "problem": what} for name, what in first.items()]
+
+
+def rpc_error(rid: int | str | None, code: int, message: str, data: Any = None) -> "JSONRPCMessage":
+    from mcp_types import ErrorData, JSONRPCError
+
+    error = ErrorData(code=code, message=message) if data is None else ErrorData(code=code, message=message, data=data)
+    return JSONRPCError(jsonrpc="2.0", id=rid, error=error)
+
+
+def too_large(head: bytes, size: int) -> "JSONRPCMessage":
+    """The answer to a line over :data:`MAX_LINE`: for the id its first bytes name, if any."""
+    from mcp_types import INVALID_REQUEST
+
+    rid = find_id(head.decode("utf-8", "surrogateescape"))
+    return rpc_error(rid, INVALID_REQUEST, f"Invalid Request: a message of {size} bytes; at most {MAX_LINE} are read")
+
+
+def refuse(line: bytes, allowed: Callable[[str], list[str] | None]) -> "JSONRPCMessage | None":
+    """The answer to a line the SDK's reader refused, for the request's id where one can be read;
+    None for a notification or a response (nothing to answer).  ``allowed`` names a tool's parameters."""
+    from mcp_types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, JSONRPCRequest, JSONRPCResponse
+    from pydantic import ValidationError
+
+    text = line.decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 become lone surrogates
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        try:
+            doc = json.loads(text, parse_constant=constant)
+        except RecursionError:  # deeper than the standard library reads: cut the deep parts out first
+            doc = json.loads(prune(text), parse_constant=constant)
+    except (ValueError, RecursionError):
+        return rpc_error(find_id(text), PARSE_ERROR, "Parse error: the message is not JSON")
+    if not isinstance(doc, dict):
+        return rpc_error(None, INVALID_REQUEST, "Invalid Request: a message is one JSON object (batches are not taken)")
+    if "method" not in doc and ("result" in doc or "error" in doc):
+        return None  # a response to the server: nothing to answer
+    if doc.get("id") is None:
+        return None if "method" in doc else rpc_error(None, INVALID_REQUEST, "Invalid Request: no method")
+    rid = request_id(doc["id"])
+    if rid is None:
+        return rpc_error(None, INVALID_REQUEST, "Invalid Request: an id is an integer or a string")
+    found = list(itertools.islice(unreadable(doc), 20))
+    params = doc.get("params")
+    if found and all(path[:2] == ("params", "arguments") and len(path) > 2 for path, _ in found) \
+            and doc.get("method") == "tools/call" and isinstance(params, dict) and isinstance(params.get("name"), str):
+        name = field((params["name"],))
+        errors = reported([(field(path[2:]), problem) for path, problem in found])
+        details: dict[str, Any] = {"tool": name, "errors": errors}
+        names = allowed(params["name"])
+        if names is not None:
+            details["allowed"] = names
+        result = usage_error(f"{name}: {errors[0]['field']}: {errors[0]['problem']}", "argument-invalid", details)
+        return JSONRPCResponse(jsonrpc="2.0", id=rid,
+                               result=result.model_dump(by_alias=True, mode="json", exclude_none=True))
+    if found:
+        errors = reported([(field(path), problem) for path, problem in found])
+        message = f"{errors[0]['field']}: {errors[0]['problem']}"
+        if all(path[:1] == ("params",) for path, _ in found):
+            envelope = {"error": UsageError(message, code="argument-invalid", details={"errors": errors}).to_dict()}
+            return rpc_error(rid, INVALID_PARAMS, f"Invalid params: {message}", envelope)
+        return rpc_error(rid, INVALID_REQUEST, f"Invalid Request: {message}")
+    try:
+        JSONRPCRequest.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors(include_input=False, include_url=False)[0]
+        where = ".".join(str(part) for part in err["loc"]) or "message"
+        return rpc_error(rid, INVALID_REQUEST, f"Invalid Request: {field((where,))}: {err['msg']}")
+    return rpc_error(rid, INVALID_REQUEST, "Invalid Request: the message could not be read")
+
+
+def claim_stdin() -> tuple[BinaryIO, Callable[[], None] | None]:
+    """The wire's input; fd 0 reads as empty meanwhile where the SDK's helpers can arrange it."""
+    try:
+        from mcp.server.stdio import _claim_fd, _open_stdin_diversion
+    except ImportError:  # another SDK version: serve the stream in place
+        return sys.stdin.buffer, None
+    return _claim_fd(0, sys.stdin, "rb", _open_stdin_diversion)
+
+
+def claim_stdout() -> tuple[BinaryIO, Callable[[], None] | None]:
+    """The wire's output; fd 1 writes to stderr meanwhile, so stray output misses the protocol."""
+    try:
+        from mcp.server.stdio import _claim_fd, _open_stdout_diversion
+    except ImportError:  # another SDK version: serve the stream in place
+        return sys.stdout.buffer, None
+    return _claim_fd(1, sys.stdout, "wb", _open_stdout_diversion)
+
+
+def send_line(wire: BinaryIO, data: bytes) -> None:
+    wire.write(data)
+    wire.flush()
+
+
+@asynccontextmanager
+async def stdio_streams(allowed: Callable[[str], list[str] | None]) -> AsyncIterator[
+        tuple["MemoryObjectReceiveStream[SessionMessage | Exception]", "MemoryObjectSendStream[SessionMessage]"]]:
+    """The SDK's stdio transport, except that a line it cannot read is answered (:func:`refuse`,
+    :func:`too_large`) through the same writer as every answer, so frames never interleave."""
+    import anyio
+    import anyio.to_thread
+    from mcp.shared.message import SessionMessage
+    from mcp_types import jsonrpc_message_adapter
+
+    restore: list[Callable[[], None]] = []
+    try:
+        wire_in, restore_in = claim_stdin()
+        restore += [restore_in] if restore_in else []
+        wire_out, restore_out = claim_stdout()
+        restore += [restore_out] if restore_out else []
+        read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+        answers = write_send.clone()
+
+        async def reader() -> None:
+            try:
+                async with read_send, answers:
+                    while (got := await anyio.to_thread.run_sync(read_line, wire_in, abandon_on_cancel=True)):
+                        line, size = got
+                        answer: JSONRPCMessage | None
+                        if size > MAX_LINE:
+                            answer = too_large(line, size)
+                        elif not line.strip():
+                            continue
+                        else:
+                            try:
+                                message = jsonrpc_message_adapter.validate_json(line, by_name=False)
+                            except Exception:  # noqa: BLE001 - whatever the reader refuses is answered
+                                answer = refuse(line, allowed)
+                            else:
+                                await read_send.send(SessionMessage(message))
+                                continue
+                        if answer is not None:
+                            await answers.send(SessionMessage(answer))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # the server is gone
+
+        async def writer() -> None:
+            async with write_receive:
+                async for item in write_receive:
+                    data = item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+                    await anyio.to_thread.run_sync(send_line, wire_out, data)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader)
+            tg.start_soon(writer)
+            yield read_receive, write_send
+    finally:
+        for undo in reversed(restore):
+            undo()
 
 
 def run_mcp(root: str | None) -> None:
