@@ -33,13 +33,18 @@ NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
+DSN_ENV_SETTING = "NUBOS_MEMORY_DSN_ENV"  # names another variable than NUBOS_MEMORY_DSN: the user's choice only
+
+
 @dataclass(frozen=True)
 class PostgresConfig:
-    """``memory.postgres``: which namespace of the database, and which variable holds the DSN
-    (never the DSN itself: config.json is committed)."""
+    """``memory.postgres``: which namespace of the database, and how long to wait for it.  Never the
+    DSN, nor which variable holds it: config.json is committed, and a clone could name any
+    variable of the user's environment (``$GITHUB_TOKEN``) to have it printed (issue 21)."""
 
-    namespace: str | None = None  # default: the project folder's name (store/postgres.py)
-    dsn_env: str = DSN_ENV
+    namespace: str | None = None  # required by the postgres backend: a name every clone must agree on
+    timeout_s: float = 15.0  # the most any one call to the database may take before store-unavailable
+    lock_hold_s: float = 60.0  # a paused writer's lock session is ended by the server after this long
 
 
 @dataclass(frozen=True)
@@ -93,18 +98,38 @@ def _number(key: str, value: Any, lo: float, hi: float, *, integer: bool = False
     return int(value) if integer else float(value)
 
 
+POSTGRES_KEYS = ("namespace", "timeout_s", "lock_hold_s")
+
+
 def _postgres(value: Any) -> PostgresConfig:
-    if not isinstance(value, dict) or set(value) - {"namespace", "dsn_env"}:
+    if isinstance(value, dict) and "dsn_env" in value:
+        raise ConfigError("memory.postgres.dsn_env is not taken from a project's config (a cloned repository could "
+                          "name any variable of your environment and have it printed); set "
+                          f"{DSN_ENV_SETTING}=NAME in the environment, or \"postgres_dsn_env\" in "
+                          "~/.config/nubos-memory/settings.json", code="config-invalid-value",
+                          details={"key": "memory.postgres.dsn_env"})
+    if not isinstance(value, dict) or set(value) - set(POSTGRES_KEYS):
         keys = sorted(str(k)[:64] for k in value) if isinstance(value, dict) else None
-        raise ConfigError('memory.postgres must be an object with "namespace" and/or "dsn_env" (the connection '
+        raise ConfigError(f"memory.postgres must be an object with {', '.join(POSTGRES_KEYS)} (the connection "
                           "string itself goes in the environment, never in config.json)",
                           code="config-invalid-value", details={"key": "memory.postgres", "keys": keys})
-    namespace, env = value.get("namespace"), value.get("dsn_env", DSN_ENV)
+    namespace = value.get("namespace")
     if namespace is not None and not (isinstance(namespace, str) and NAMESPACE_PATTERN.fullmatch(namespace)):
         raise _bad("postgres.namespace", namespace, "1-128 letters, digits, '.', '_' or '-'")
-    if not (isinstance(env, str) and ENV_NAME_PATTERN.fullmatch(env)):
-        raise _bad("postgres.dsn_env", env, "the name of an environment variable")
-    return PostgresConfig(namespace=namespace, dsn_env=env)
+    timeout = float(_number("postgres.timeout_s", value.get("timeout_s", 15.0), 0.5, 300.0))
+    hold = float(_number("postgres.lock_hold_s", value.get("lock_hold_s", 60.0), 1.0, 86_400.0))
+    return PostgresConfig(namespace=namespace, timeout_s=timeout, lock_hold_s=hold)
+
+
+def dsn_env_name() -> str:
+    """Which environment variable holds the team database's DSN: ``$NUBOS_MEMORY_DSN_ENV``, else
+    ``"postgres_dsn_env"`` in the user's settings, else ``NUBOS_MEMORY_DSN`` (never a project's config)."""
+    from .userdirs import user_settings
+
+    for name in (os.environ.get(DSN_ENV_SETTING), user_settings().get("postgres_dsn_env")):
+        if isinstance(name, str) and ENV_NAME_PATTERN.fullmatch(name):
+            return name
+    return DSN_ENV
 
 
 def validate_section(raw: dict[str, Any], root: Path | None = None) -> MemoryConfig:
@@ -186,9 +211,13 @@ def find_root(explicit: str | os.PathLike[str] | None = None, cwd: Path | None =
     given = explicit if explicit is not None else os.environ.get(ROOT_ENV) or None
     if given is not None:
         root = Path(given).expanduser()
-        if not root.is_dir():
+        try:
+            found = root.is_dir()
+        except OSError:  # a name too long, a loop: not a folder we can use
+            found = False
+        if not found:
             raise ConfigError(
-                f"project root {str(root)!r} is not a folder",
+                f"project root {str(root)[:200]!r} is not a folder",
                 code="project-not-found",
                 details={"root": str(root)},
             )

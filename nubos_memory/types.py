@@ -218,4 +218,5 @@ class RebuildResult(TypedDict):
     rebuilt_at: str | None
     skipped_lines: int
     invalid: int  # records the model gave no usable vector for (left pending)
+    index: NotRequired[dict[str, Any]]  # the team database's index build after the rebuild
     warnings: list[dict[str, Any]]

@@ -392,13 +392,14 @@ def test_a_database_without_pgvector_is_a_clear_error(team, pg, monkeypatch):
         conn.execute(f"GRANT USAGE, CREATE ON SCHEMA public TO {agent}")
         conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON nubos_memory_log, nubos_memory_namespace, "
                      f"nubos_memory_log_backup, nubos_memory_embeddings, nubos_memory_usage TO {agent}")
+        conn.execute(f"GRANT SELECT ON nubos_memory_schema TO {agent}")
     monkeypatch.setenv("NUBOS_MEMORY_DSN", make_conninfo(dsn, user=agent, dbname=name))
     r = index_records(team, MANY)
     assert r.code == 0, r.err
     hits = query(team, "retries case 14").json
     assert hits["degraded"] is None and hits["hits"][0]["id"] == "m14"
-    candidates = run_cli(["memory-stats", "--root", str(team)]).json["candidates"]
-    assert candidates["index"] is None and "owner" in candidates["index_refused"], candidates
+    index = run_cli(["memory-stats", "--root", str(team)]).json["store"]["index"]
+    assert index["state"] == "none" and "owner" in index["refused"], index
 
 
 def test_a_record_written_where_no_model_works_gets_its_vector_from_a_machine_that_has_one(team, tmp_path,

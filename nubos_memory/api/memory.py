@@ -461,6 +461,7 @@ class Memory:
             self.snap.reset_lexical()  # rebuild the lexical index from scratch too
             self.snap.refresh()
             save_lexical(self.snap, force=True)
+        upkeep = self.store.maintain(wait_s=self.config.postgres.timeout_s)  # outside the lock (adr/0014)
         if indexing:
             indexing(count, count)
         return {
@@ -475,6 +476,7 @@ class Memory:
             "rebuilt_at": new_manifest.get("rebuilt_at"),
             "skipped_lines": len(scan.corrupt) + len(scan.duplicates),
             "invalid": invalid,
+            **({"index": upkeep} if upkeep else {}),
             "warnings": scan.warnings() + VectorState(invalid=invalid).notes(),
         }
 
@@ -634,6 +636,41 @@ class Memory:
                 "retired": len(forgot["forgotten"]) if forgot else 0, "source_lines": theirs.lines,
                 "skipped_lines": len(theirs.corrupt) + len(theirs.duplicates),
                 "warnings": theirs.warnings() + (added["warnings"] if added else [])}
+
+    def _team(self, verb: str) -> Any:
+        store = self.store
+        if getattr(store, "namespaces", None) is None:
+            raise InputError(f"{verb} is for a team memory (memory.backend postgres); this memory lives in "
+                             f"{self.project.memory_dir}", code="store-not-team", details={"backend": store.kind})
+        return store
+
+    @_answer
+    def namespaces(self) -> dict[str, Any]:
+        """The team database's namespaces (``memory-namespaces``): a namespace is a name that keeps projects
+        apart, not an access boundary (any role with the GRANTs reads every one)."""
+        self.require_enabled()
+        found = self._team("memory-namespaces").namespaces()
+        return {"namespaces": found, "count": len(found)}
+
+    @_answer
+    def drop_namespace(self, name: str, *, yes: bool = False) -> dict[str, Any]:
+        """Delete a team namespace and everything in it (``memory-drop-namespace NAME --yes``)."""
+        from ..config import NAMESPACE_PATTERN
+
+        self.require_enabled()
+        store = self._team("memory-drop-namespace")
+        if not isinstance(name, str) or not NAMESPACE_PATTERN.fullmatch(name):
+            raise InputError("a namespace is 1-128 letters, digits, '.', '_' or '-'", code="namespace-invalid",
+                             details={"namespace": str(name)[:MAX_ECHO]})
+        known = {n["namespace"] for n in store.namespaces()}
+        if name not in known:
+            raise InputError(f"the team database has no namespace {name!r}", code="namespace-not-found",
+                             details={"namespace": name, "namespaces": sorted(known)[:50]})
+        if not yes:
+            raise UsageError(f"dropping namespace {name!r} deletes its whole memory for every machine; repeat with "
+                             "--yes to do it", code="confirmation-required", details={"namespace": name})
+        with store.lock("memory-drop-namespace"):
+            return dict(store.drop_namespace(name))
 
     @_answer
     def stats(self) -> "Stats":

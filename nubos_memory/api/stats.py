@@ -142,9 +142,18 @@ def collect_stats(mem: "Memory") -> Stats:
     out["user_folders"] = userdirs.describe()
     problems += [n for n in trust.notices() + userdirs.notices() if n not in problems]
     out["consistency"]["consistent"] = out["consistency"]["consistent"] and not problems
-    where = mem.store.describe()
+    where = {**mem.store.describe(), **mem.store.status()}
     out["backend"] = str(where.get("backend"))
     out["store"] = where
+    models = where.get("models") or {}
+    active = sorted(fp for fp, m in models.items() if m.get("recent"))
+    if len(active) > 1:
+        problems.append({"code": "team-models-differ", "fingerprints": active,
+                         "message": f"machines of this team memory embed with {len(active)} different models (vectors "
+                                    f"under fingerprints {', '.join(a[:12] for a in active)} in the last week); each "
+                                    "machine searches only its own model's vectors. Agree on memory.model (and "
+                                    "provider) in the project's config, then memory-rebuild"})
+        out["consistency"]["consistent"] = False
     if "memory_dir" in where:
         out["memory_dir"] = str(where["memory_dir"])
     return out

@@ -140,9 +140,13 @@ class VectorSync:
             cand = np.arange(len(labels)) if positions is None else np.asarray(positions, dtype=np.int64)
             missing = cand[(labels[cand] < 0) & snap.alive[cand]].tolist() if len(cand) else []
             wanted = set(must)
-            todo = [p for p in missing if p in wanted] + [p for p in missing if p not in wanted][:cap]
+            # Vectors other machines made are taken for every missing record in one pass (a new machine
+            # of a team memory is complete after its first call); only embedding is capped.
+            shared = self._shared_for(missing) if missing and self.store.shares_vectors else {}
+            todo = [p for p in missing if p in wanted or p in shared] + \
+                [p for p in missing if p not in wanted and p not in shared][:cap]
             if todo:
-                known = dict(precomputed or {})
+                known = {**shared, **(precomputed or {})}
                 if state.index is not None:  # the same text already embedded (another id, an earlier life)
                     for p in todo:
                         label = state.index.label_of_hash(snap.hashes[p])
@@ -172,6 +176,18 @@ class VectorSync:
                 f"could not write the derived index: {exc.strerror or exc}; records are saved and will be "
                 "indexed by the next write, query or memory-rebuild", code="index-write-failed").to_dict()
         return state
+
+    def _shared_for(self, positions: list[int]) -> dict[int, np.ndarray]:
+        """The usable vectors the store holds for these records' texts under our fingerprint."""
+        hashes = self.snap.hashes
+        found = self.store.shared_vectors(self.our_embedding()["fingerprint"], [hashes[p] for p in positions])
+        dim = self.embedder.dim
+        out = {}
+        for p in positions:
+            vec = found.get(hashes[p])
+            if vec is not None and vec.shape == (dim,) and usable(vec[None, :])[0]:
+                out[p] = vec
+        return out
 
     def _embed_fresh(self, fresh: list[int], wanted: set[int], known: dict[int, np.ndarray],
                      budget_s: float | None, progress: Progress | None = None) -> list[int]:

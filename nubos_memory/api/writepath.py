@@ -116,6 +116,10 @@ class WritePath:
         precomputed = {p: vectors[i] for p, i in zip(positions, new_index) if i in vectors}
         state = self.vectors.sync(None, must=positions, cap=self.config.max_pending_embed, blocking=True,
                                   verb=verb, precomputed=precomputed, progress=progress)
+        try:
+            self.store.maintain()  # outside the lock (the team database's index build, bounded)
+        except StoreError:
+            pass  # upkeep only: the write is acknowledged, queries scan exactly meanwhile
         stored = set(new_index)
         return {
             "added": len(new),

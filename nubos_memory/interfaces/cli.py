@@ -65,6 +65,9 @@ def _arguments(name: str, p: argparse.ArgumentParser) -> None:
     elif name == "memory-redact":
         p.add_argument("ids", nargs="+", metavar="ID", help="record ids whose text must leave the memory")
         p.add_argument("--reason", default="redacted", help="why (kept in the content-free redact line)")
+    elif name == "memory-drop-namespace":
+        p.add_argument("namespace", metavar="NAMESPACE", help="the namespace to delete (memory-namespaces lists them)")
+        p.add_argument("--yes", action="store_true", help="really delete it, for every machine")
     elif name == "memory-ingest":
         p.add_argument("paths", nargs="+", metavar="PATH",
                        help="markdown files or folders, relative to the project root")

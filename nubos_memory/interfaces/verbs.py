@@ -272,6 +272,16 @@ def _stats(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).stats()
 
 
+@verb("memory-namespaces", "team memory: the namespaces of the database, with their counts and last write")
+def _namespaces(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).namespaces()
+
+
+@verb("memory-drop-namespace", "team memory: delete a namespace and everything in it (needs --yes)", writes=True)
+def _drop_namespace(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).drop_namespace(request.get("namespace") or "", yes=bool(request.get("yes")))
+
+
 @verb("memory-eval", "measure retrieval quality and latency on a BEIR dataset (scratch memory)", served=False,
       long=True)
 def _eval(ctx: Context, request: Request) -> Any:

@@ -45,6 +45,7 @@ class Store(Protocol):
     """Where one memory lives (see the module docstring)."""
 
     kind: str
+    shares_vectors: bool  # vectors made by other processes can be asked for (shared_vectors)
 
     @property
     def usage(self) -> UsageLog:
@@ -62,6 +63,15 @@ class Store(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """Where it is, for people (``memory-stats``)."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """What else ``memory-stats`` shows of the place (the team database: its index and models)."""
+        ...
+
+    def maintain(self, wait_s: float | None = None) -> dict[str, Any] | None:
+        """Outside the write lock, after a write or rebuild: upkeep the place needs (the team database
+        builds its HNSW index here, waiting at most ``wait_s`` for other sessions); what was done."""
         ...
 
     # -- the log -----------------------------------------------------------------------------

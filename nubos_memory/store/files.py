@@ -75,6 +75,7 @@ class FileStore(LocalDerivedState):
     """The :class:`~nubos_memory.store.base.Store` of a project's memory folder."""
 
     kind = "files"
+    shares_vectors = False
 
     def __init__(self, project: "Project", lock_timeout: float):
         self.project = project
@@ -134,6 +135,12 @@ class FileStore(LocalDerivedState):
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.kind, "memory_dir": str(self.folder)}
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+    def maintain(self, wait_s: float | None = None) -> dict[str, Any] | None:
+        return None  # the local graph is extended by every commit
 
     # -- the log -----------------------------------------------------------------------------
     def refresh(self, scan: LogScan | None) -> LogScan:

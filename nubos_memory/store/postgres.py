@@ -44,8 +44,10 @@ never echoed, only its host, port and database.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -53,6 +55,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config import dsn_env_name
 from ..errors import ConfigError, LockTimeout, StoreError
 from ..fsio import dumps, ensure_dir
 from ..userdirs import user_cache_dir
@@ -68,68 +71,125 @@ if TYPE_CHECKING:
     from ..index.vectors import HnswParams, VectorIndex
     from ..types import Manifest, Record
 
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS nubos_memory_namespace (
-           namespace text PRIMARY KEY, epoch bigint NOT NULL DEFAULT 0,
-           created_at timestamptz NOT NULL DEFAULT now())""",
-    # Usage is tracked from a namespace's creation on (and, for one older than this column, from now).
-    """ALTER TABLE nubos_memory_namespace ADD COLUMN IF NOT EXISTS usage_since double precision
-           DEFAULT extract(epoch FROM now())""",
-    """CREATE TABLE IF NOT EXISTS nubos_memory_log (
-           namespace text NOT NULL, seq bigint GENERATED ALWAYS AS IDENTITY, line text NOT NULL,
-           PRIMARY KEY (namespace, seq))""",
-    """CREATE TABLE IF NOT EXISTS nubos_memory_embeddings (
-           namespace text NOT NULL, fingerprint text NOT NULL, key text NOT NULL, embedding vector NOT NULL,
-           PRIMARY KEY (namespace, fingerprint, key))""",
-    """CREATE TABLE IF NOT EXISTS nubos_memory_usage (
-           namespace text NOT NULL, id text NOT NULL, count bigint NOT NULL, last double precision NOT NULL,
-           PRIMARY KEY (namespace, id))""",
-    """CREATE TABLE IF NOT EXISTS nubos_memory_log_backup (
-           namespace text NOT NULL, epoch bigint NOT NULL, seq bigint NOT NULL, line text NOT NULL,
-           saved_at timestamptz NOT NULL DEFAULT now())""",
+# The tables, as migrations: version N is reached by running MIGRATIONS[N - 1] on version N - 1 (a
+# database from before the schema table is version 1 if its tables exist).  The next change of the
+# tables is a new entry here; a role that may not run it is told who must (store-schema-outdated).
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (  # 1: the tables of issue 15
+        """CREATE TABLE IF NOT EXISTS nubos_memory_namespace (
+               namespace text PRIMARY KEY, epoch bigint NOT NULL DEFAULT 0,
+               created_at timestamptz NOT NULL DEFAULT now())""",
+        """ALTER TABLE nubos_memory_namespace ADD COLUMN IF NOT EXISTS usage_since double precision
+               DEFAULT extract(epoch FROM now())""",
+        """CREATE TABLE IF NOT EXISTS nubos_memory_log (
+               namespace text NOT NULL, seq bigint GENERATED ALWAYS AS IDENTITY, line text NOT NULL,
+               PRIMARY KEY (namespace, seq))""",
+        """CREATE TABLE IF NOT EXISTS nubos_memory_embeddings (
+               namespace text NOT NULL, fingerprint text NOT NULL, key text NOT NULL, embedding vector NOT NULL,
+               PRIMARY KEY (namespace, fingerprint, key))""",
+        """CREATE TABLE IF NOT EXISTS nubos_memory_usage (
+               namespace text NOT NULL, id text NOT NULL, count bigint NOT NULL, last double precision NOT NULL,
+               PRIMARY KEY (namespace, id))""",
+        """CREATE TABLE IF NOT EXISTS nubos_memory_log_backup (
+               namespace text NOT NULL, epoch bigint NOT NULL, seq bigint NOT NULL, line text NOT NULL,
+               saved_at timestamptz NOT NULL DEFAULT now())""",
+    ),
+    (  # 2 (issue 21): the schema's version, a namespace's last write, when each shared vector was made
+        """CREATE TABLE IF NOT EXISTS nubos_memory_schema (
+               version integer NOT NULL, migrated_at timestamptz NOT NULL DEFAULT now())""",
+        "ALTER TABLE nubos_memory_namespace ADD COLUMN IF NOT EXISTS updated_at timestamptz",
+        "ALTER TABLE nubos_memory_embeddings ADD COLUMN IF NOT EXISTS created_at timestamptz DEFAULT now()",
+    ),
 )
+SCHEMA_VERSION = len(MIGRATIONS)
 TABLES = ("nubos_memory_namespace", "nubos_memory_log", "nubos_memory_log_backup", "nubos_memory_embeddings",
-          "nubos_memory_usage")
+          "nubos_memory_usage", "nubos_memory_schema")
 LOCK_POLL_S = 0.05
-SHARE_BATCH = 5_000  # vectors per statement
+SHARE_BATCH = 1_000  # vectors per statement (each well within the statement timeout, index maintenance included)
 EF_SEARCH_MAX = 1_000  # pgvector's upper bound for hnsw.ef_search
 INDEX_BUILD_MEMORY = "512MB"  # maintenance_work_mem while this session builds an HNSW index
+INDEX_SNAPSHOT_WAIT_S = 2.0  # how long a write's index build waits for older transactions before giving up
+INDEX_RETRY_S = 300.0  # a build that gave up is tried again by this process after this long
+INDEX_CHECK_S = 30.0  # how often a process looks whether the index became valid (another session built it)
 # Inserting a row into pgvector's HNSW index costs about this many rows of a bulk build (6.0 vs
 # 0.64 ms a row, 384-d, M 16, ef_construction 200, docs/benchmarks.md): a batch of new rows that
 # would cost more row by row than building the whole index again drops it first and rebuilds it.
 INSERT_VS_BUILD = 9
 BULK_MIN = 1_000  # smaller batches always insert into the index
+USAGE_FLUSH_S = 30.0  # retrievals are written at most this often by a process (and when it exits)
+MODEL_ACTIVE_DAYS = 7  # another fingerprint that got vectors this recently means another model in use
 
 
 def where(dsn: str) -> dict[str, Any]:
-    """Host, port and database of a DSN, for errors and stats (never the password or the DSN)."""
+    """Host, port and database of a DSN, for errors and stats (never the password or the DSN); raises
+    ``store-dsn-invalid`` (quoting nothing of it) when it cannot be parsed."""
     from psycopg.conninfo import conninfo_to_dict
 
     try:
         info = conninfo_to_dict(dsn)
-    except Exception:  # noqa: BLE001 - a malformed DSN is reported by connect
-        return {"host": None, "port": None, "dbname": None}
-    return {"host": info.get("host") or "localhost", "port": info.get("port") or 5432,
-            "dbname": info.get("dbname")}
+    except Exception:  # noqa: BLE001 - its message quotes the DSN: never shown
+        raise ConfigError("the team database's connection string is malformed (it is not quoted here: it may hold "
+                          "a password); check the variable that holds it", code="store-dsn-invalid",
+                          details={"env": dsn_env_name()}) from None
+    port = info.get("port")
+    return {"host": info.get("host") or "localhost",
+            "port": int(port) if isinstance(port, str) and port.isdigit() else 5432, "dbname": info.get("dbname")}
+
+
+_CONNECTION: Any = None
+
+
+def connection_class() -> Any:
+    """A psycopg connection whose every wait on the server is bounded by ``deadline_s``: a server that
+    stops answering (SIGSTOP, a network cut: neither its statement timeout nor, over a Unix socket, any
+    keepalive ever fires) costs one call at most that long, then the connection is closed."""
+    global _CONNECTION
+    if _CONNECTION is None:
+        import psycopg
+
+        class DeadlineConnection(psycopg.Connection):
+            deadline_s: float | None = 15.0
+
+            def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+                limit = self.deadline_s if timeout is None else timeout
+                started = time.monotonic()
+                try:
+                    return super().wait(gen, interval, limit)
+                except psycopg.OperationalError:
+                    if limit is not None and time.monotonic() - started >= limit * 0.99:
+                        self.pgconn.finish()  # the server said nothing in time: this connection is done
+                        raise psycopg.OperationalError(f"no answer from the server within {limit:g} s") from None
+                    raise
+
+        _CONNECTION = DeadlineConnection
+    return _CONNECTION
 
 
 class PgStore(LocalDerivedState):
     """The :class:`~nubos_memory.store.base.Store` of one namespace in a PostgreSQL database."""
 
     kind = "postgres"
+    shares_vectors = True
 
     def __init__(self, project: "Project", lock_timeout: float):
         settings = project.config.postgres
         self.project = project
-        self.env = settings.dsn_env
+        self.env = dsn_env_name()
         dsn = os.environ.get(self.env, "")
         if not dsn.strip():
             raise ConfigError(f"memory.backend is postgres but ${self.env} is not set; put the connection "
                               "string in the environment (never in config.json, which is committed)",
                               code="store-dsn-missing", details={"env": self.env})
+        if not settings.namespace:
+            raise ConfigError('memory.backend is postgres but memory.postgres.namespace is not set: name the team '
+                              'memory explicitly (e.g. {"postgres": {"namespace": "acme-billing"}}), so that every '
+                              "clone of every machine agrees and no two projects share one by accident",
+                              code="store-namespace-missing", details={"key": "memory.postgres.namespace"})
         self.dsn = dsn
-        self.namespace = settings.namespace or default_namespace(project.root)
         self.place = where(dsn)
+        self.namespace = settings.namespace
+        self.timeout_s = settings.timeout_s
+        self.lock_hold_s = settings.lock_hold_s
         self.lock_timeout = lock_timeout
         key = hashlib.sha256(dumps([self.place, self.namespace])).hexdigest()[:16]
         cache = user_cache_dir()
@@ -145,19 +205,51 @@ class PgStore(LocalDerivedState):
         self._ns_key = hashlib.sha256(self.namespace.encode()).hexdigest()[:12]
         self._ef: int | None = None  # hnsw.ef_search as set on this session
         self.index_refused: str | None = None  # why this role could not build the HNSW index, if so
+        self.index_note: str | None = None  # why the last build here did not finish (an old snapshot)
+        self._index_tried = -INDEX_RETRY_S  # when this process last tried to build it
+        self._index_due: tuple[str, int] | None = None  # (fingerprint, dim) a commit may have made worth an index
+        self._valid: dict[str, tuple[float, bool]] = {}  # fingerprint -> (when looked, index valid)
+        self.namespace_existed: bool | None = None  # before this process first looked (None: not yet)
         self.log = RecordLog(Path(self.namespace))  # parses the lines; the database holds them
         self._conn: Any = None
+        self._lock_conn: Any = None  # the session that holds the write lock (its own, see lock())
         self._mutex = threading.RLock()  # one connection, used by one thread at a time
+        self._lock_mutex = threading.Lock()
         self._held = threading.Lock()  # advisory locks are re-entrant per session: not across threads
+        self._lock_lost = False  # the lock session died while held (the heartbeat saw it)
         self._ready = False
+        self._notices: list[dict[str, Any]] = []
 
     # -- the connection ----------------------------------------------------------------------
+    def _scrub(self, text: str) -> str:
+        """``text`` without anything of the DSN but its host, port and database (a server or driver
+        message may quote the connection string or the password)."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        secrets_ = [self.dsn]
+        try:
+            info = conninfo_to_dict(self.dsn)
+            secrets_ += [str(v) for k, v in info.items() if k not in ("host", "port", "dbname") and len(str(v)) >= 3]
+        except Exception:  # noqa: BLE001 - where() refused a malformed DSN already
+            pass
+        for secret in sorted(secrets_, key=len, reverse=True):
+            text = text.replace(secret, "…")
+        return text
+
     def _fail(self, exc: BaseException) -> StoreError:
+        import psycopg
+
         self._drop()
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        why = self._scrub(why)[:300]
         host = self.place["host"]
-        return StoreError(f"the memory database at {host} is unavailable: {why[:300]}", code="store-unavailable",
-                          details={**self.place, "namespace": self.namespace, "env": self.env})
+        details = {**self.place, "namespace": self.namespace, "env": self.env}
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            return StoreError(f"this role may not do that in the memory database at {host}: {why}. The README's "
+                              "Team memory section lists the GRANTs of the owner, writer and reader roles",
+                              code="store-permission-denied", details=details)
+        return StoreError(f"the memory database at {host} is unavailable: {why}", code="store-unavailable",
+                          details=details)
 
     def _drop(self) -> None:
         conn, self._conn, self._ready, self._ef = self._conn, None, False, None
@@ -167,55 +259,111 @@ class PgStore(LocalDerivedState):
             except Exception:  # noqa: BLE001 - it is gone either way
                 pass
 
+    def connect(self, application: str = "nubos-memory", *, deadline: bool = True) -> Any:
+        """A new session: bounded everywhere (connect, each wait on the server, each statement, locks,
+        idle transactions; TCP keepalives and tcp_user_timeout where the transport is TCP)."""
+        ms = int(self.timeout_s * 1000)
+        conn = connection_class().connect(
+            self.dsn, autocommit=True, connect_timeout=max(1, min(10, round(self.timeout_s))),
+            application_name=application[:63], keepalives=1, keepalives_idle=max(1, round(self.timeout_s / 3)),
+            keepalives_interval=max(1, round(self.timeout_s / 6)), keepalives_count=3, tcp_user_timeout=ms,
+            options=f"-c statement_timeout={ms} -c lock_timeout={ms} "
+                    f"-c idle_in_transaction_session_timeout={max(ms, int(self.lock_hold_s * 1000))}")
+        conn.deadline_s = self.timeout_s if deadline else None
+        return conn
+
     @contextmanager
     def db(self) -> Iterator[Any]:
-        """The connection (made on first use, remade after a failure); errors as ``store-unavailable``."""
+        """The connection (made on first use, remade after a failure); errors as ``store-unavailable``
+        (or ``store-permission-denied``).  Reading needs SELECT only: nothing is written on connect."""
         import psycopg
 
         with self._mutex:
             try:
                 if self._conn is None or self._conn.closed:
-                    self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5,
-                                                 application_name="nubos-memory")
+                    self._conn = self.connect()
                 if not self._ready:
-                    with self._conn.transaction():
-                        missing = self._conn.execute(
-                            "SELECT to_regtype('vector') IS NULL OR EXISTS (SELECT FROM unnest(%s::text[]) t "
-                            "WHERE to_regclass(t) IS NULL) OR NOT EXISTS (SELECT FROM information_schema.columns "
-                            "WHERE table_name = 'nubos_memory_namespace' AND column_name = 'usage_since')",
-                            (list(TABLES),)).fetchone()[0]
-                        if missing:  # only then: a role with table privileges alone needs no CREATE
-                            self._conn.execute("SELECT pg_advisory_xact_lock(%s)",
-                                               (_lock_key("nubos-memory-schema"),))
-                            self._create_extension()
-                            for statement in SCHEMA:
-                                self._conn.execute(statement)
-                        self._conn.execute("INSERT INTO nubos_memory_namespace (namespace) VALUES (%s) "
-                                           "ON CONFLICT DO NOTHING", (self.namespace,))
+                    self._migrate(self._conn)
                     _register_vector(self._conn)
                     self._ready = True
                 yield self._conn
             except psycopg.Error as exc:
                 raise self._fail(exc) from None
 
-    def _create_extension(self) -> None:
-        """pgvector, once per database; a clear error when this role may not create it."""
+    def _migrate(self, conn: Any) -> None:
+        """Bring the tables to ``SCHEMA_VERSION`` (creating them on the first run), or say who must."""
         import psycopg
 
-        if self._conn.execute("SELECT to_regtype('vector') IS NOT NULL").fetchone()[0]:
+        with conn.transaction():
+            version = self._schema_version(conn)
+            if version == SCHEMA_VERSION:
+                return
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"the memory database's tables are of schema version {version}, newer than this "
+                                 f"nubos-memory knows ({SCHEMA_VERSION}); upgrade nubos-memory",
+                                 code="store-schema-newer", details={"found": version, "known": SCHEMA_VERSION})
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key("nubos-memory-schema"),))
+            version = self._schema_version(conn)  # another session may have migrated meanwhile
+            if version < 1:
+                self._create_extension(conn)
+            try:
+                with conn.transaction():
+                    for step in MIGRATIONS[version:]:
+                        for statement in step:
+                            conn.execute(statement)
+                    conn.execute("DELETE FROM nubos_memory_schema")
+                    conn.execute("INSERT INTO nubos_memory_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise StoreError(f"the memory database's tables are at schema version {version} and this role may "
+                                 f"not bring them to {SCHEMA_VERSION} ({self._scrub(str(exc).splitlines()[0])[:200]}); "
+                                 "run any nubos-memory verb once as the role that owns them (the README's owner role)",
+                                 code="store-schema-outdated", details={"found": version, "known": SCHEMA_VERSION,
+                                                                        **self.place}) from None
+
+    @staticmethod
+    def _schema_version(conn: Any) -> int:
+        if conn.execute("SELECT to_regclass('nubos_memory_schema') IS NOT NULL").fetchone()[0]:
+            row = conn.execute("SELECT max(version) FROM nubos_memory_schema").fetchone()
+            if row is not None and row[0] is not None:
+                return int(row[0])
+        have = conn.execute("SELECT count(*) FROM unnest(%s::text[]) t WHERE to_regclass(t) IS NOT NULL",
+                            (list(TABLES[:5]),)).fetchone()[0]
+        return 1 if have == 5 else 0
+
+    def _create_extension(self, conn: Any) -> None:
+        """pgvector, once per database; a clear error saying who must act when this role cannot."""
+        import psycopg
+
+        if conn.execute("SELECT to_regtype('vector') IS NOT NULL").fetchone()[0]:
             return
+        available = conn.execute("SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'").fetchone()[0]
+        if not available:
+            raise StoreError(f"the PostgreSQL server at {self.place['host']} has no pgvector package installed; its "
+                             "administrator installs it (e.g. the postgresql-16-pgvector package), then a superuser "
+                             "runs CREATE EXTENSION vector in the database once",
+                             code="store-pgvector-missing", details={**self.place, "who": "server administrator"})
         try:
-            with self._conn.transaction():  # a savepoint: the error below is ours, not an aborted transaction
-                self._conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            with conn.transaction():  # a savepoint: the error below is ours, not an aborted transaction
+                conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         except psycopg.Error as exc:
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StoreError(f"the memory database at {self.place['host']} has no pgvector and this role cannot "
-                             f"create it ({why[:200]}); a database owner runs CREATE EXTENSION vector once",
-                             code="store-pgvector-missing", details={**self.place, "namespace": self.namespace}) from None
+            why = self._scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            raise StoreError(f"pgvector is installed on the server at {self.place['host']} but not created in this "
+                             f"database, and this role may not create it ({why[:200]}); a superuser runs "
+                             "CREATE EXTENSION vector in the database once", code="store-pgvector-missing",
+                             details={**self.place, "namespace": self.namespace, "who": "superuser"}) from None
+
+    def _ensure_namespace(self, conn: Any) -> None:
+        """Under the write lock: the namespace's row exists (a write creates it; reads never do)."""
+        if self.namespace_existed is None:
+            self.namespace_existed = bool(conn.execute("SELECT EXISTS (SELECT FROM nubos_memory_namespace WHERE "
+                                                       "namespace = %s)", (self.namespace,)).fetchone()[0])
+        conn.execute("INSERT INTO nubos_memory_namespace (namespace) VALUES (%s) ON CONFLICT DO NOTHING",
+                     (self.namespace,))
 
     # -- the place -------------------------------------------------------------------------
     def check(self) -> list[dict[str, Any]]:
-        return []
+        self._notices = []  # filled as this call learns things (an empty namespace no write ever reached)
+        return self._notices
 
     def prepare(self) -> None:
         ensure_dir(self.folder)
@@ -224,7 +372,8 @@ class PgStore(LocalDerivedState):
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.kind, **self.place, "namespace": self.namespace, "cache_dir": str(self.folder),
-                "candidates": "pgvector"}
+                "candidates": "pgvector", "namespace_existed": self.namespace_existed,
+                "schema_version": SCHEMA_VERSION}
 
     # -- the log -----------------------------------------------------------------------------
     def refresh(self, scan: LogScan | None) -> LogScan:
@@ -243,6 +392,17 @@ class PgStore(LocalDerivedState):
                     epoch = int(found[0][0]) if found else 0
                     scan.inode = epoch
         self._epoch = epoch
+        if not found:  # no write ever reached this namespace: a typo in memory.postgres.namespace?
+            if self.namespace_existed is None:
+                self.namespace_existed = False
+            note = {"code": "namespace-empty", "namespace": self.namespace,
+                    "message": f"no write has ever reached namespace {self.namespace!r} of the memory database at "
+                               f"{self.place['host']}; if you expected a team memory here, check "
+                               "memory.postgres.namespace (memory-namespaces lists them)"}
+            if note not in self._notices:
+                self._notices.append(note)
+        elif self.namespace_existed is None:
+            self.namespace_existed = True
         rows = [(seq, line) for _, seq, line in found if seq is not None]
         if rows:
             self.log.parse(scan, "".join(line + "\n" for _, line in rows).encode())
@@ -254,15 +414,20 @@ class PgStore(LocalDerivedState):
         lines = self.log.lines(records, ops)
         if not lines:
             return
-        with self.db() as conn, conn.transaction(), conn.cursor() as cur:
-            cur.executemany("INSERT INTO nubos_memory_log (namespace, line) VALUES (%s, %s)",
-                            [(self.namespace, line.decode()) for line in lines])
+        self._still_locked()
+        with self.db() as conn, conn.transaction():
+            self._ensure_namespace(conn)
+            with conn.cursor() as cur:
+                cur.executemany("INSERT INTO nubos_memory_log (namespace, line) VALUES (%s, %s)",
+                                [(self.namespace, line.decode()) for line in lines])
+            conn.execute("UPDATE nubos_memory_namespace SET updated_at = now() WHERE namespace = %s", (self.namespace,))
 
     def settle(self, scan: LogScan) -> dict[str, Any] | None:
         return None  # a change is one transaction: a crashed writer leaves nothing half-written
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
         """Under the lock: the log is copied to ``nubos_memory_log_backup`` and replaced, in one transaction."""
+        self._still_locked()
         with self.db() as conn, conn.transaction():
             epoch = int(conn.execute("UPDATE nubos_memory_namespace SET epoch = epoch + 1 WHERE namespace = %s "
                                      "RETURNING epoch", (self.namespace,)).fetchone()[0])
@@ -283,6 +448,7 @@ class PgStore(LocalDerivedState):
         """Under the lock, one transaction: every record line of ``ids`` in the log and in its backups is
         replaced by a ``redact`` line (``recordlog.redact_lines``), the texts' shared vectors are deleted,
         and the epoch is bumped, so every machine reads the log again from its start."""
+        self._still_locked()
         found: list[str] = []
         tables: list[str] = []
         patterns = [f"%{rid}%" for rid in ids]
@@ -319,24 +485,96 @@ class PgStore(LocalDerivedState):
                 for (line,) in cur:
                     yield line.encode() + b"\n"
 
-    def drop(self) -> None:
-        """Delete this namespace and everything in it (memory-eval's scratch namespaces only) and
-        this machine's derived files of it."""
+    def namespaces(self) -> list[dict[str, Any]]:
+        """Every namespace of the database: log lines, live-ish record lines, vectors, created, last write."""
+        with self.db() as conn:
+            rows = conn.execute(
+                "SELECT n.namespace, n.created_at, n.updated_at, "
+                "(SELECT count(*) FROM nubos_memory_log l WHERE l.namespace = n.namespace), "
+                "(SELECT count(*) FROM nubos_memory_log l WHERE l.namespace = n.namespace AND l.line NOT LIKE "
+                "'{\"op\"%%'), "
+                "(SELECT count(*) FROM nubos_memory_embeddings e WHERE e.namespace = n.namespace) "
+                "FROM nubos_memory_namespace n ORDER BY n.namespace").fetchall()
+        return [{"namespace": ns, "created_at": created.isoformat() if created else None,
+                 "last_write": updated.isoformat() if updated else None, "lines": int(lines),
+                 "record_lines": int(records), "vectors": int(vectors), "this_project": ns == self.namespace}
+                for ns, created, updated, lines, records, vectors in rows]
+
+    def drop_namespace(self, name: str) -> dict[str, Any]:
+        """Delete a namespace and everything in it (its log, backups, vectors, usage and HNSW indexes);
+        this machine's derived files of it too when it is this project's."""
         import shutil
 
         from psycopg import sql
 
+        prefix = f"nubos_memory_hnsw_{hashlib.sha256(name.encode()).hexdigest()[:12]}_"
         with self.db() as conn, conn.transaction():
-            for table in TABLES:
-                conn.execute(sql.SQL("DELETE FROM {} WHERE namespace = %s").format(sql.Identifier(table)),
-                             (self.namespace,))
-            names = conn.execute("SELECT relname FROM pg_class WHERE relkind = 'i' AND relname LIKE %s",
-                                 (f"{self._index_prefix()}%",)).fetchall()
-            for (name,) in names:
-                conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
-        shutil.rmtree(self.folder, ignore_errors=True)
+            counts = {}
+            for table in TABLES[:5]:
+                cur = conn.execute(sql.SQL("DELETE FROM {} WHERE namespace = %s").format(sql.Identifier(table)),
+                                   (name,))
+                counts[table] = cur.rowcount
+            indexes = [n for (n,) in conn.execute("SELECT relname FROM pg_class WHERE relkind = 'i' AND relname "
+                                                  "LIKE %s", (f"{prefix}%",)).fetchall()]
+            for index in indexes:
+                conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(index)))
+        if name == self.namespace:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        return {"dropped": name, "rows": counts, "indexes": indexes}
+
+    def drop(self) -> None:
+        """Delete this namespace (memory-eval's scratch namespaces) and this machine's derived files of it."""
+        self.drop_namespace(self.namespace)
 
     # -- the lock ------------------------------------------------------------------------------
+    @contextmanager
+    def _lock_session(self, verb: str) -> Iterator[Any]:
+        """The session that holds the write lock: its own connection, named after its holder (verb, host,
+        pid) in ``application_name``, ended by the server once idle for ``lock_hold_s`` (PostgreSQL 14+
+        ``idle_session_timeout``): the holder's heartbeat keeps it alive, so a paused or cut-off writer
+        loses the lock after that long instead of holding it for the life of its session."""
+        import psycopg
+
+        with self._lock_mutex:
+            try:
+                name = f"nubos-memory {verb} {socket.gethostname()[:24]} pid {os.getpid()}"
+                if self._lock_conn is None or self._lock_conn.closed:
+                    self._lock_conn = self.connect(name)
+                    try:
+                        self._lock_conn.execute("SELECT set_config('idle_session_timeout', %s, false)",
+                                                (f"{int(self.lock_hold_s * 1000)}",))
+                    except psycopg.Error:  # before PostgreSQL 14: no such setting, no such protection
+                        pass
+                else:
+                    self._lock_conn.execute("SELECT set_config('application_name', %s, false)", (name[:63],))
+                yield self._lock_conn
+            except psycopg.Error as exc:
+                if self._lock_conn is not None:
+                    self._lock_conn.close()
+                self._lock_conn = None
+                raise self._fail(exc) from None
+
+    def _holder(self, key: int) -> dict[str, Any] | None:
+        """Who holds the write lock: backend pid, client address, application name (verb, host, pid of
+        a nubos-memory writer), since when; None when nobody (or it cannot be seen)."""
+        unsigned = key & 0xFFFFFFFFFFFFFFFF
+        try:
+            with self.db() as conn:
+                row = conn.execute(
+                    "SELECT a.pid, a.client_addr::text, a.application_name, a.backend_start, a.state_change, a.state "
+                    "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND "
+                    "l.granted AND l.classid = %s AND l.objid = %s AND l.objsubid = 1",
+                    (unsigned >> 32, unsigned & 0xFFFFFFFF)).fetchone()
+        except StoreError:
+            return None
+        if row is None:
+            return None
+        pid, addr, app, started, changed, state = row
+        return {"backend_pid": pid, "client_addr": addr or "local socket", "application_name": app,
+                "session_since": started.isoformat() if started else None,
+                "idle_since": changed.isoformat() if changed and state == "idle" else None,
+                "break_with": f"SELECT pg_terminate_backend({pid});"}
+
     @contextmanager
     def lock(self, verb: str, timeout: float | None = None) -> Iterator[None]:
         wait = self.lock_timeout if timeout is None else timeout
@@ -347,25 +585,67 @@ class PgStore(LocalDerivedState):
         try:
             key = _lock_key(self.namespace)
             while True:
-                with self.db() as conn:
+                with self._lock_session(verb) as conn:
                     if conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
                         break
                 if time.monotonic() >= deadline:
-                    raise LockTimeout(f"another writer holds the write lock of namespace {self.namespace!r} "
-                                      f"(waited {wait:g}s)",
-                                      details={"waited_s": wait, "namespace": self.namespace, **self.place})
+                    holder = self._holder(key)
+                    who = (f" (backend {holder['backend_pid']}, {holder['application_name'] or 'no name'}, from "
+                           f"{holder['client_addr']})") if holder else ""
+                    raise LockTimeout(f"another writer holds the write lock of namespace {self.namespace!r}{who} "
+                                      f"(waited {wait:g}s); a writer that stopped loses it after "
+                                      f"memory.postgres.lock_hold_s = {self.lock_hold_s:g}s",
+                                      details={"waited_s": wait, "namespace": self.namespace, **self.place,
+                                               "holder": holder})
                 time.sleep(LOCK_POLL_S)
+            self._lock_lost = False
+            stop = threading.Event()
+            beat = threading.Thread(target=self._heartbeat, args=(stop,), name="nubos-memory-lock", daemon=True)
+            beat.start()
             try:
                 yield
             finally:
-                with self._mutex:
-                    if self._conn is not None and not self._conn.closed:
+                stop.set()
+                beat.join()
+                with self._lock_mutex:
+                    if self._lock_conn is not None and not self._lock_conn.closed:
                         try:
-                            self._conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                            self._lock_conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
                         except Exception:  # noqa: BLE001 - a lost session released it already
-                            self._drop()
+                            self._lock_conn.close()
+                            self._lock_conn = None
         finally:
             self._held.release()
+
+    def _heartbeat(self, stop: threading.Event) -> None:
+        """Keep the lock session from looking idle while this process works under the lock."""
+        while not stop.wait(max(0.2, self.lock_hold_s / 4)):
+            with self._lock_mutex:
+                try:
+                    if self._lock_conn is not None and not self._lock_conn.closed:
+                        self._lock_conn.execute("SELECT 1")
+                except Exception:  # noqa: BLE001 - the session is gone: so is the lock
+                    self._lock_lost = True
+                    return
+
+    def _still_locked(self) -> None:
+        """Before a change: the lock session is alive (a writer paused past ``lock_hold_s`` lost its lock,
+        and another may hold it now: its change must not land)."""
+        lost = self._lock_lost
+        if not lost and self._held.locked():
+            with self._lock_mutex:
+                try:
+                    if self._lock_conn is None or self._lock_conn.closed:
+                        lost = True
+                    else:
+                        self._lock_conn.execute("SELECT 1")
+                except Exception:  # noqa: BLE001
+                    lost = True
+        if lost:
+            raise StoreError(f"this writer lost the write lock of namespace {self.namespace!r} (its session was "
+                             f"idle longer than memory.postgres.lock_hold_s = {self.lock_hold_s:g}s: a paused "
+                             "process?); nothing was written, try again", code="store-lock-lost",
+                             details={"namespace": self.namespace, **self.place})
 
     @contextmanager
     def try_lock(self, verb: str) -> Iterator[bool]:
@@ -416,14 +696,15 @@ class PgStore(LocalDerivedState):
                 cur.executemany(statement, [(self.namespace, fingerprint, key, vectors[start + i])
                                             for i, key in enumerate(keys[start:start + SHARE_BATCH])])
         if dropped:
-            self._ensure_index(fingerprint, len(vectors[0]))
+            self._index_tried = 0.0  # built again after the write, outside the lock (maintain)
 
     def commit(self, *, ids: list[str], hashes: list[str], vectors: "np.ndarray", embedding: dict[str, Any],
                params: "HnswParams", alpha: float, previous: "Manifest | None", base: "VectorIndex | None" = None,
                rebuilt: bool = False) -> "Manifest":
         """Under the lock: publish the rows to the database (so its index covers every vector this
-        machine searches with), build the HNSW index once the namespace outgrows the exact scan,
-        then commit this machine's generation."""
+        machine searches with), then commit this machine's generation.  The HNSW index is never built
+        here (a build waits for every older transaction in the database, and would hold every writer
+        of the namespace meanwhile): :meth:`maintain` builds it after the lock is released."""
         import numpy as np
 
         fingerprint, dim = str(embedding["fingerprint"]), int(embedding["dim"])
@@ -434,21 +715,27 @@ class PgStore(LocalDerivedState):
             keys, rows = hashes, np.concatenate([np.asarray(base.vectors, dtype=np.float32), vectors])
         else:
             keys, rows = hashes, vectors
-        self._publish(fingerprint, keys, rows, replace=rebuilt)
-        if rebuilt:  # texts no live record has any more: the index forgets them
-            with self.db() as conn:
-                conn.execute("DELETE FROM nubos_memory_embeddings WHERE namespace = %s AND fingerprint = %s "
-                             "AND NOT (key = ANY(%s))", (self.namespace, fingerprint, list(set(hashes))))
-        index = self._ensure_index(fingerprint, dim)
+        try:
+            self._publish(fingerprint, keys, rows, replace=rebuilt)
+            if rebuilt:  # texts no live record has any more: the index forgets them
+                with self.db() as conn:
+                    conn.execute("DELETE FROM nubos_memory_embeddings WHERE namespace = %s AND fingerprint = %s "
+                                 "AND NOT (key = ANY(%s))", (self.namespace, fingerprint, list(set(hashes))))
+            covered = True
+        except StoreError as exc:
+            if exc.code != "store-permission-denied":
+                raise
+            covered = False  # a reader role: this machine's generation serves it, nothing is shared
+        self._index_due = (fingerprint, dim)
         ensure_dir(self.folder)
         return self.cache.commit(ids=ids, hashes=hashes, vectors=vectors, embedding=embedding, params=params,
                                  alpha=alpha, previous=previous, base=base, rebuilt=rebuilt,
-                                 extra={"candidates": {"engine": "pgvector", "covered": True, "index": index,
-                                                       "index_refused": self.index_refused}})
+                                 extra={"candidates": {"engine": "pgvector", "covered": covered}})
 
     def _before_bulk(self, fingerprint: str, keys: list[str]) -> bool:
         """Drop the HNSW index before a batch that would cost more to insert into it row by row
-        than to build it again in bulk (``_ensure_index`` builds it after the batch)."""
+        than to build it again in bulk (:meth:`maintain` builds it after the write)."""
+        import psycopg
         from psycopg import sql
 
         name = self.index_name(fingerprint)
@@ -460,7 +747,12 @@ class PgStore(LocalDerivedState):
                 "WHERE namespace = %s AND fingerprint = %s",
                 (len(set(keys)), list(set(keys)), self.namespace, fingerprint)).fetchone()
             if new >= BULK_MIN and new * INSERT_VS_BUILD >= there + new:
-                conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
+                try:  # not CONCURRENTLY: that waits for every older transaction, and this runs under the lock
+                    with conn.transaction():
+                        conn.execute("SET LOCAL lock_timeout = '2s'")
+                        conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
+                except psycopg.errors.LockNotAvailable:
+                    return False  # a long query is using the table: insert into the index row by row
                 return True
         return False
 
@@ -479,9 +771,45 @@ class PgStore(LocalDerivedState):
     def load_current(self) -> "tuple[Manifest | None, VectorIndex | None]":
         manifest, index = self.cache.load_current()
         candidates = (manifest or {}).get("candidates") or {}
-        if index is not None and len(index) and candidates.get("covered") and candidates.get("index"):
+        if index is not None and len(index) and candidates.get("covered"):
             index.ann = PgCandidates(self, str((manifest or {}).get("embedding", {}).get("fingerprint")), index)
         return manifest, index
+
+    def index_valid(self, fingerprint: str) -> bool:
+        """Whether the namespace's HNSW index under this fingerprint is built and valid (looked up at
+        most every ``INDEX_CHECK_S``: a build by another session serves from then on)."""
+        now = time.monotonic()
+        known = self._valid.get(fingerprint)
+        if known is not None and now - known[0] < INDEX_CHECK_S:
+            return known[1]
+        try:
+            with self.db() as conn:
+                row = conn.execute("SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid "
+                                   "WHERE c.relname = %s", (self.index_name(fingerprint),)).fetchone()
+        except StoreError:
+            return False
+        valid = bool(row is not None and row[0])
+        self._valid[fingerprint] = (now, valid)
+        return valid
+
+    def maintain(self, wait_s: float | None = None) -> dict[str, Any] | None:
+        """Outside the write lock, after a write: build the HNSW index the namespace now needs (more
+        vectors under a fingerprint than the exact scan serves, and no valid index).  The build waits
+        at most ``wait_s`` (default ``INDEX_SNAPSHOT_WAIT_S``) for older transactions in the database
+        (CREATE INDEX CONCURRENTLY waits for every one of them: a report, a pg_dump); then it gives up,
+        leaves no invalid index behind, and says why (``memory-stats.store.index``); queries scan
+        exactly meanwhile.  A process tries again after ``INDEX_RETRY_S``; ``memory-rebuild`` waits
+        ``memory.postgres.timeout_s``."""
+        due = getattr(self, "_index_due", None)
+        if due is None or (wait_s is None and time.monotonic() - self._index_tried < INDEX_RETRY_S):
+            return None
+        self._index_due = None
+        fingerprint, dim = due
+        if self.index_valid(fingerprint):
+            return None
+        self._index_tried = time.monotonic()
+        self._valid.pop(fingerprint, None)
+        return self._ensure_index(fingerprint, dim, INDEX_SNAPSHOT_WAIT_S if wait_s is None else wait_s)
 
     def _index_prefix(self) -> str:
         return f"nubos_memory_hnsw_{self._ns_key}_"
@@ -490,49 +818,113 @@ class PgStore(LocalDerivedState):
         """The HNSW index of this namespace's vectors under one fingerprint (a partial index)."""
         return self._index_prefix() + hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
 
-    def _ensure_index(self, fingerprint: str, dim: int) -> str | None:
-        """The HNSW index's name, built first if the namespace has more vectors under this
-        fingerprint than the exact scan serves; None while it needs none (or may not build it)."""
+    def _ensure_index(self, fingerprint: str, dim: int, wait_s: float) -> dict[str, Any] | None:
+        """Build the HNSW index in a session of its own (no client deadline: a build of 100k rows takes
+        about a minute), waiting at most ``wait_s`` for older transactions; what happened, or None when
+        none was needed or another session is at it."""
+        import psycopg
         from psycopg import sql
 
         from ..index import vectors as vector_index
 
         name, cfg = self.index_name(fingerprint), self.project.config
-        with self.db() as conn, self._index_lock(conn) as mine:
-            row = conn.execute("SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid "
-                               "WHERE c.relname = %s", (name,)).fetchone()
-            if row is not None and row[0]:
-                return name
-            if not mine:  # another session is building it: it serves once built
-                return None
-            count = conn.execute("SELECT count(*) FROM nubos_memory_embeddings WHERE namespace = %s AND "
-                                 "fingerprint = %s", (self.namespace, fingerprint)).fetchone()[0]
-            if count <= vector_index.EXACT_LIMIT:
-                return None
-            if row is not None:  # a build that was interrupted leaves an invalid index: start again
-                conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
-            conn.execute("SELECT set_config('maintenance_work_mem', %s, false)", (INDEX_BUILD_MEMORY,))
-            try:  # CONCURRENTLY: other namespaces and readers go on while it builds
-                self._create_index(conn, sql.SQL(
-                    "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON nubos_memory_embeddings USING hnsw "
-                    "((embedding::vector({dim})) vector_cosine_ops) WITH (m = {m}, ef_construction = {efc}) "
-                    "WHERE namespace = {ns} AND fingerprint = {fp}").format(
-                        name=sql.Identifier(name), dim=sql.Literal(dim), m=sql.Literal(cfg.hnsw_m),
-                        efc=sql.Literal(cfg.hnsw_ef_construction), ns=sql.Literal(self.namespace),
-                        fp=sql.Literal(fingerprint)))
-            finally:
-                conn.execute("RESET maintenance_work_mem")
-        return None if self.index_refused is not None else name
-
-    def _create_index(self, conn: Any, statement: Any) -> None:
-        """Build an index; a role that does not own the table may not, which costs speed, not
-        answers (the exact scan serves), so it is reported in memory-stats, not raised."""
-        import psycopg
-
         try:
-            conn.execute(statement)
-        except psycopg.errors.InsufficientPrivilege as exc:
-            self.index_refused = str(exc).strip().splitlines()[0][:300]
+            conn = self.connect(f"nubos-memory index build pid {os.getpid()}", deadline=False)
+        except psycopg.Error as exc:
+            raise self._fail(exc) from None
+        try:
+            with self._index_lock(conn) as mine:
+                if not mine:  # another session is building it: it serves once built
+                    return None
+                count = conn.execute("SELECT count(*) FROM nubos_memory_embeddings WHERE namespace = %s AND "
+                                     "fingerprint = %s", (self.namespace, fingerprint)).fetchone()[0]
+                if count <= vector_index.EXACT_LIMIT:
+                    return None
+                conn.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', '0', "
+                             "false), set_config('maintenance_work_mem', %s, false)",
+                             (f"{int(wait_s * 1000)}", INDEX_BUILD_MEMORY))
+                self._drop_invalid(conn, name)
+                started = time.monotonic()
+                try:  # CONCURRENTLY: writers and readers of every namespace go on while it builds
+                    conn.execute(sql.SQL(
+                        "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON nubos_memory_embeddings USING hnsw "
+                        "((embedding::vector({dim})) vector_cosine_ops) WITH (m = {m}, ef_construction = {efc}) "
+                        "WHERE namespace = {ns} AND fingerprint = {fp}").format(
+                            name=sql.Identifier(name), dim=sql.Literal(dim), m=sql.Literal(cfg.hnsw_m),
+                            efc=sql.Literal(cfg.hnsw_ef_construction), ns=sql.Literal(self.namespace),
+                            fp=sql.Literal(fingerprint)))
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    self.index_refused = self._scrub(str(exc).strip().splitlines()[0])[:300]
+                    return {"built": False, "why": self.index_refused}
+                except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+                    self._drop_invalid(conn, name)
+                    self.index_note = (f"the HNSW index build waited {wait_s:g}s for older transactions in the "
+                                       "database (memory-stats.store.index.blocked_by) and gave up; queries scan "
+                                       "exactly until a later write or memory-rebuild builds it")
+                    return {"built": False, "why": self.index_note}
+                self.index_note = None
+                self._valid[fingerprint] = (time.monotonic(), True)
+                return {"built": True, "seconds": round(time.monotonic() - started, 2), "rows": count}
+        except psycopg.Error as exc:
+            raise self._fail(exc) from None
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _drop_invalid(conn: Any, name: str) -> None:
+        """Drop what an interrupted build left (an invalid index), without waiting long for the table."""
+        import psycopg
+        from psycopg import sql
+
+        row = conn.execute("SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid WHERE "
+                           "c.relname = %s", (name,)).fetchone()
+        if row is not None and not row[0]:
+            try:
+                conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
+            except psycopg.errors.LockNotAvailable:
+                pass  # left for the next build
+
+    def status(self) -> dict[str, Any]:
+        """What ``memory-stats`` shows of the database: the HNSW index (valid, being built, or missing and
+        which older transactions a build would wait for), the models whose vectors the namespace holds."""
+        out: dict[str, Any] = {}
+        try:
+            with self.db() as conn:
+                manifest = self.read_manifest()
+                fingerprint = str(((manifest or {}).get("embedding") or {}).get("fingerprint"))
+                name = self.index_name(fingerprint)
+                row = conn.execute("SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid "
+                                   "WHERE c.relname = %s", (name,)).fetchone()
+                building = conn.execute(
+                    "SELECT p.pid, p.phase, p.current_locker_pid FROM pg_stat_progress_create_index p JOIN "
+                    "pg_class c ON c.oid = p.index_relid WHERE c.relname = %s", (name,)).fetchone()
+                old = conn.execute(
+                    "SELECT pid, application_name, xact_start FROM pg_stat_activity WHERE backend_xmin IS NOT NULL "
+                    "AND pid <> pg_backend_pid() AND xact_start < now() - interval '1 second' ORDER BY xact_start "
+                    "LIMIT 5").fetchall()
+                owner = conn.execute("SELECT pg_has_role(current_user, tableowner, 'USAGE') FROM pg_tables WHERE "
+                                     "tablename = 'nubos_memory_embeddings'").fetchone()
+                models = conn.execute(
+                    "SELECT fingerprint, count(*), max(created_at) > now() - make_interval(days => %s) FROM "
+                    "nubos_memory_embeddings WHERE namespace = %s GROUP BY fingerprint",
+                    (MODEL_ACTIVE_DAYS, self.namespace)).fetchall()
+        except StoreError as exc:
+            return {"error": exc.code}
+        state = "valid" if row is not None and row[0] else "building" if building else \
+            "invalid" if row is not None else "none"
+        refused = self.index_refused
+        if refused is None and state != "valid" and owner is not None and not owner[0]:
+            refused = ("this role does not own nubos_memory_embeddings, so it may not build the HNSW index: the "
+                       "owner role builds it (memory-rebuild as that role); queries scan exactly meanwhile")
+        out["index"] = {"name": name, "state": state, "note": self.index_note, "refused": refused}
+        if building:
+            out["index"]["build"] = {"pid": building[0], "phase": building[1], "waiting_on": building[2]}
+        if state != "valid":
+            out["index"]["blocked_by"] = [{"pid": pid, "application_name": app,
+                                           "transaction_since": since.isoformat() if since else None}
+                                          for pid, app, since in old]
+        out["models"] = {fp: {"vectors": int(n), "recent": bool(recent)} for fp, n, recent in models}
+        return out
 
     def nearest(self, fingerprint: str, dim: int, query: "np.ndarray", want: int, ef_search: int) -> list[str] | None:
         """The keys of the ``want`` texts nearest ``query`` by the HNSW index (None: ask too many)."""
@@ -579,6 +971,8 @@ class PgCandidates:
     def __call__(self, query: "np.ndarray", want: int) -> "np.ndarray | None":
         import numpy as np
 
+        if not self.store.index_valid(self.fingerprint):
+            return None  # no valid index (yet): the exact scan answers, never a sequential scan in the database
         try:
             keys = self.store.nearest(self.fingerprint, self.index.dim, query, want, self.index.ef_search)
         except StoreError:
@@ -590,10 +984,21 @@ class PgCandidates:
 
 
 class PgUsage:
-    """Retrievals of one namespace, shared by every machine (``memory-prune`` decides on all of them)."""
+    """Retrievals of one namespace, shared by every machine (``memory-prune`` decides on all of them).
+
+    Reads do not write: a query only counts its hits in memory, and the counts are written in one
+    statement at most every ``USAGE_FLUSH_S`` seconds (by a background thread of a warm process) and
+    when the process exits.  What a process killed with SIGKILL had not written yet (at most that
+    many seconds of retrievals), and the retrievals of a role that may only read, are not counted:
+    ``memory-prune`` is then a little more eager, never wrong about what it was told."""
 
     def __init__(self, store: PgStore):
         self.store = store
+        self._pending: dict[str, list[float]] = {}  # id -> [count, last retrieval]
+        self._mutex = threading.Lock()
+        self._last_flush = time.monotonic()
+        self._flusher: threading.Thread | None = None
+        atexit.register(self.flush)
 
     def start(self) -> None:
         with self.store.db() as conn:
@@ -601,22 +1006,43 @@ class PgUsage:
                          "WHERE namespace = %s", (time.time(), self.store.namespace))
 
     def record(self, ids: list[str]) -> bool:
-        if not ids:
-            return True
         now = round(time.time(), 3)
+        with self._mutex:
+            for rid in set(ids):
+                entry = self._pending.setdefault(rid, [0, now])
+                entry[0] += 1
+                entry[1] = now
+            due = time.monotonic() - self._last_flush >= USAGE_FLUSH_S and (
+                self._flusher is None or not self._flusher.is_alive())
+            if due:
+                self._flusher = threading.Thread(target=self.flush, name="nubos-memory-usage", daemon=True)
+                self._flusher.start()
+        return True
+
+    def flush(self) -> bool:
+        """Write the retrievals counted so far (one statement); False when they could not be written."""
+        with self._mutex:
+            pending, self._pending = self._pending, {}
+            self._last_flush = time.monotonic()
+        if not pending:
+            return True
+        ids = sorted(pending)
         try:
             with self.store.db() as conn, conn.transaction():
                 conn.execute("INSERT INTO nubos_memory_usage AS u (namespace, id, count, last) "
-                             "SELECT %s, id, 1, %s FROM unnest(%s::text[]) AS id ON CONFLICT (namespace, id) "
-                             "DO UPDATE SET count = u.count + 1, last = greatest(u.last, EXCLUDED.last)",
-                             (self.store.namespace, now, sorted(set(ids))))
+                             "SELECT %s, id, n, t FROM unnest(%s::text[], %s::bigint[], %s::float8[]) AS x(id, n, t) "
+                             "ON CONFLICT (namespace, id) DO UPDATE SET count = u.count + EXCLUDED.count, "
+                             "last = greatest(u.last, EXCLUDED.last)",
+                             (self.store.namespace, ids, [int(pending[i][0]) for i in ids],
+                              [pending[i][1] for i in ids]))
                 conn.execute("UPDATE nubos_memory_namespace SET usage_since = coalesce(usage_since, %s) "
-                             "WHERE namespace = %s", (now, self.store.namespace))
+                             "WHERE namespace = %s", (min(v[1] for v in pending.values()), self.store.namespace))
         except StoreError:
-            return False  # derived data: the query still answers, with a usage-not-recorded warning
+            return False  # derived data (see the class docstring)
         return True
 
     def summary(self) -> tuple[float | None, dict[str, list[float]]]:
+        self.flush()
         with self.store.db() as conn, conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             row = conn.execute("SELECT usage_since FROM nubos_memory_namespace WHERE namespace = %s",
@@ -627,7 +1053,8 @@ class PgUsage:
         return (float(since) if since is not None else None), {rid: [int(n), float(t)] for rid, n, t in rows}
 
     def fold(self, force: bool = False) -> None:
-        return None  # one row per record already
+        if force:
+            self.flush()
 
 
 def _register_vector(conn: Any) -> None:
