@@ -9,8 +9,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -104,3 +107,54 @@ def index_records(root: Path, records: list[dict]) -> Result:
 
 def query(root: Path, *args: str) -> Result:
     return run_cli(["memory-query", "--root", str(root), *args])
+
+
+# -- team memory: a real PostgreSQL (pgserver) for the whole session ----------------------------------
+@pytest.fixture(scope="session")
+def pg(tmp_path_factory):
+    """``(dsn, restart)``: a DSN to a PostgreSQL server, and a function that kills it with SIGKILL and
+    starts it again (None for a server given by NUBOS_MEMORY_TEST_DSN)."""
+    given = os.environ.get("NUBOS_MEMORY_TEST_DSN")
+    if given:
+        yield given, None
+        return
+    import pgserver
+
+    folder = tmp_path_factory.mktemp("pg")
+    server = pgserver.get_server(folder, cleanup_mode="stop")
+
+    def restart(down_s: float = 0.0) -> None:
+        pid = int((Path(folder) / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(200):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        time.sleep(down_s)
+        for _ in range(60):  # its backends outlive it briefly, holding shared memory
+            try:
+                server.ensure_postgres_running()  # a stale postmaster.pid is recognised, the server started
+                return
+            except subprocess.CalledProcessError:
+                time.sleep(0.5)
+        server.ensure_postgres_running()
+
+    yield server.get_uri(), restart
+    server.cleanup()
+
+
+@pytest.fixture
+def team(pg, tmp_path, monkeypatch):
+    """A project whose memory lives in a fresh namespace of the test database (hash embedder)."""
+    dsn, _ = pg
+    monkeypatch.setenv("NUBOS_MEMORY_DSN", dsn)
+    monkeypatch.setenv("NUBOS_MEMORY_CACHE", str(tmp_path / "cache-a"))
+    root = tmp_path / "team"
+    root.mkdir()
+    assert run_cli(["memory-init", "--root", str(root)]).code == 0
+    namespace = "t-" + uuid.uuid4().hex[:12]
+    write_config(root, provider="hash", model="hash-256", lock_timeout=20.0, near_duplicate=None,
+                 backend="postgres", postgres={"namespace": namespace})
+    return root

@@ -46,7 +46,7 @@ from ..store.files import FileStore
 from ..store.recordlog import LogScan, RecordLog
 from ..store.usage import parse_duration
 from .vectorsync import VectorSync
-from .writepath import WritePath, save_lexical, settled_scan
+from .writepath import WritePath, history, save_lexical, settled_scan
 
 if TYPE_CHECKING:
     import numpy as np
@@ -615,27 +615,23 @@ class Memory:
 
     @_answer
     def import_log(self, path: str, progress: Reporter | None = None) -> dict[str, Any]:
-        """Load a ``records.jsonl`` (``memory-import``): every record whose id this memory does not hold
-        yet, in the file's order, then its tombstones, so what was retired there is retired here.
-        Idempotent by id: a second run adds nothing."""
+        """Load a ``records.jsonl`` (``memory-import``), replaying its history faithfully: for every id this
+        memory does not hold yet, each version of its record and each retirement (with its own time and
+        reason) in the file's order, as one change.  So every live record there is live here in its last
+        version, in the same order, and every retirement keeps its time and reason (issue 21: a forget
+        followed by a re-add of the same id is no longer lost).  Idempotent by id: a second run adds
+        nothing."""
         self.require_enabled()
         source = Path(path)
         if not source.is_file():
             raise InputError(f"no such records file: {str(path)[:MAX_ECHO]!r}", code="records-file-unreadable",
                              details={"path": str(path)[:MAX_ECHO]})
         theirs = RecordLog(source).scan()
-        ours = self.scan()
-        known = set(ours.position)  # every id it holds, retired ones too: those stay retired
-        new = [r for r in theirs.records if r["id"] not in known]
-        retired = {theirs.records[p]["id"]: str(why.get("reason") or "forgotten") for p, why in theirs.dead.items()}
-        added = self.apply(new, force=True, verb="memory-import", progress=stage(progress, "embedding")) if new else None
-        now = self.scan()
-        todo = {rid: why for rid, why in retired.items() if now.live(rid) is not None}
-        forgot = self.apply(forget=list(todo), reasons=todo, verb="memory-import") if todo else None
-        return {"imported": added["added"] if added else 0, "already_present": len(theirs.records) - len(new),
-                "retired": len(forgot["forgotten"]) if forgot else 0, "source_lines": theirs.lines,
-                "skipped_lines": len(theirs.corrupt) + len(theirs.duplicates),
-                "warnings": theirs.warnings() + (added["warnings"] if added else [])}
+        events = history(theirs)
+        out = self.writes.replay(events, verb="memory-import", progress=stage(progress, "embedding"))
+        return {"imported": out["added"], "already_present": out["skipped"], "retired": len(out["forgotten"]),
+                "source_lines": theirs.lines, "skipped_lines": len(theirs.corrupt) + len(theirs.duplicates),
+                "degraded": out["degraded"], "warnings": theirs.warnings() + out["warnings"]}
 
     def _team(self, verb: str) -> Any:
         store = self.store
@@ -669,8 +665,7 @@ class Memory:
         if not yes:
             raise UsageError(f"dropping namespace {name!r} deletes its whole memory for every machine; repeat with "
                              "--yes to do it", code="confirmation-required", details={"namespace": name})
-        with store.lock("memory-drop-namespace"):
-            return dict(store.drop_namespace(name))
+        return dict(store.drop_namespace(name))  # one transaction: a writer of it meanwhile starts it afresh
 
     @_answer
     def stats(self) -> "Stats":

@@ -12,7 +12,7 @@ made durable before any derived state changes (adr/0004, adr/0008).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -46,6 +46,20 @@ def save_lexical(snap: "Snapshot", force: bool = False) -> None:
         snap.save_lexical(force)
     except OSError:
         pass
+
+
+def history(scan: LogScan) -> list[dict[str, Any]]:
+    """A log's history as the lines that replay it, in its order: every record version, and every
+    retirement that is not a supersede (a superseding record's own line replays that) as a forget line
+    with its original time and reason."""
+    events: list[tuple[int, dict[str, Any]]] = [(scan.line_of[pos], dict(rec)) for pos, rec in enumerate(scan.records)]
+    for pos, why in scan.dead.items():
+        if why.get("reason") in ("superseded", "redacted"):
+            continue
+        events.append((int(why["line"]), {"op": "forget", "id": scan.records[pos]["id"], "at": why.get("at"),
+                                          "reason": why.get("reason") or "forgotten"}))
+    events.sort(key=lambda e: e[0])
+    return [e for _, e in events]
 
 
 class WritePath:
@@ -140,6 +154,39 @@ class WritePath:
             "recovered": recovered,
             "warnings": scan.warnings() + state.notes(),
         }
+
+    def replay(self, events: list[dict[str, Any]], *, verb: str, progress: "Progress | None" = None
+               ) -> "WriteResult":
+        """Append another log's history (``history``) as one change, in its order, for the ids this memory
+        does not hold (decided under the lock); then index what is live.  No duplicate checks: it is a
+        copy of what was decided elsewhere."""
+        self.store.prepare()
+        snap = self.snap
+        with self.store.lock(verb):
+            scan, recovered = settled_scan(snap, self.store)
+            known = set(scan.position) | set(scan.redacted)
+            todo = [e for e in events if e["id"] not in known]
+            before = len(scan.records)
+            records = [e for e in todo if "op" not in e]
+            forgotten = [e["id"] for e in todo if e.get("op") == "forget"]
+            # Record and operation lines interleaved, in the source's order (RecordLog.lines keeps it).
+            self.store.append(cast("list[Record]", todo))
+            crash_point("after-append")
+            scan = snap.refresh()
+            save_lexical(snap)
+        positions = [p for p in range(before, len(scan.records)) if scan.live(scan.records[p]["id"]) == p]
+        state = self.vectors.sync(None, must=positions, cap=self.config.max_pending_embed, blocking=True,
+                                  verb=verb, progress=progress)
+        try:
+            self.store.maintain()
+        except StoreError:
+            pass
+        skipped = sorted({e["id"] for e in events if "op" not in e} & known)
+        return {"added": len(records), "skipped": len(skipped), "ids": [r["id"] for r in records],
+                "skipped_ids": skipped, "duplicates": [], "near_duplicates": [], "reasserted": [],
+                "forgotten": forgotten, "already_retired": [], "indexed": state.indexed, "embedded": state.embedded,
+                "pending": state.behind if state.degraded is None else None, "degraded": state.degraded,
+                "recovered": recovered, "warnings": scan.warnings() + state.notes()}
 
     def _newer_near(self, pos: int, scan: LogScan) -> str | None:
         """The id of a live near duplicate (cosine ≥ ``memory.near_duplicate``) of the record at ``pos``
