@@ -242,9 +242,7 @@ STEP = st.one_of(
 
 def play(mem: Memory, steps: list[tuple[str, int, int]]) -> None:
     """A history of adds, re-adds of retired ids, forgets, supersedes, near duplicates and groups."""
-    n = 0
-    for kind, a, b in steps:
-        n += 1
+    for n, (kind, a, b) in enumerate(steps, start=1):
         live = mem.scan().ids()
         if kind == "add":
             mem.apply([{**rec(f"note {a} version {b} {n}", f"body {b}"), "id": f"r{a}",
