@@ -350,7 +350,9 @@ def test_a_mistyped_namespace_warns_and_the_namespaces_can_be_listed_and_dropped
     assert listed[name]["record_lines"] == 4 and listed[name]["last_write"]
     refused = run_cli(["memory-drop-namespace", "--root", str(typo), name])
     assert refused.code == 2 and refused.error["code"] == "confirmation-required"
-    dropped = run_cli(["memory-drop-namespace", "--root", str(typo), name, "--yes"]).json
+    dropping = run_cli(["memory-drop-namespace", "--root", str(typo), name, "--yes"])
+    dropped = dropping.json
+    assert dropping.code == 0, dropping.err
     assert dropped["dropped"] == name and dropped["rows"]["nubos_memory_log"] == listed[name]["lines"]
     assert name not in {n["namespace"] for n in run_cli(["memory-namespaces", "--root", str(typo)]).json["namespaces"]}
 

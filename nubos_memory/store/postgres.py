@@ -50,6 +50,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -983,6 +984,15 @@ class PgCandidates:
         return np.array(found, dtype=np.int64)
 
 
+def _flush_all() -> None:
+    for usage in list(_LIVE_USAGE):
+        usage.flush()
+
+
+_LIVE_USAGE: "weakref.WeakSet[PgUsage]" = weakref.WeakSet()
+atexit.register(_flush_all)
+
+
 class PgUsage:
     """Retrievals of one namespace, shared by every machine (``memory-prune`` decides on all of them).
 
@@ -998,7 +1008,7 @@ class PgUsage:
         self._mutex = threading.Lock()
         self._last_flush = time.monotonic()
         self._flusher: threading.Thread | None = None
-        atexit.register(self.flush)
+        _LIVE_USAGE.add(self)  # flushed at exit; weakly held, so a store no one uses is freed with its sessions
 
     def start(self) -> None:
         with self.store.db() as conn:
