@@ -461,7 +461,10 @@ class Memory:
             self.snap.reset_lexical()  # rebuild the lexical index from scratch too
             self.snap.refresh()
             save_lexical(self.snap, force=True)
-        upkeep = self.store.maintain(wait_s=self.config.postgres.timeout_s)  # outside the lock (adr/0014)
+        try:  # outside the lock (the team database's HNSW index, adr/0014)
+            upkeep = self.store.maintain(wait_s=self.config.postgres.timeout_s)
+        except StoreError as exc:
+            upkeep = {"built": False, "why": exc.message}
         if indexing:
             indexing(count, count)
         return {

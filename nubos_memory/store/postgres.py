@@ -106,7 +106,10 @@ SCHEMA_VERSION = len(MIGRATIONS)
 TABLES = ("nubos_memory_namespace", "nubos_memory_log", "nubos_memory_log_backup", "nubos_memory_embeddings",
           "nubos_memory_usage", "nubos_memory_schema")
 LOCK_POLL_S = 0.05
-SHARE_BATCH = 1_000  # vectors per statement (each well within the statement timeout, index maintenance included)
+# Rows per executemany: one call is one wait on the server, bounded by timeout_s, and a row inserted
+# into a large HNSW index can take 10-20 ms: a batch stays well within the deadline.
+SHARE_BATCH = 250
+LOG_BATCH = 5_000  # log lines per executemany (a change of more lines is still one transaction), keys per read
 EF_SEARCH_MAX = 1_000  # pgvector's upper bound for hnsw.ef_search
 INDEX_BUILD_MEMORY = "512MB"  # maintenance_work_mem while this session builds an HNSW index
 INDEX_SNAPSHOT_WAIT_S = 2.0  # how long a write's index build waits for older transactions before giving up
@@ -419,8 +422,9 @@ class PgStore(LocalDerivedState):
         with self.db() as conn, conn.transaction():
             self._ensure_namespace(conn)
             with conn.cursor() as cur:
-                cur.executemany("INSERT INTO nubos_memory_log (namespace, line) VALUES (%s, %s)",
-                                [(self.namespace, line.decode()) for line in lines])
+                for start in range(0, len(lines), LOG_BATCH):
+                    cur.executemany("INSERT INTO nubos_memory_log (namespace, line) VALUES (%s, %s)",
+                                    [(self.namespace, line.decode()) for line in lines[start:start + LOG_BATCH]])
             conn.execute("UPDATE nubos_memory_namespace SET updated_at = now() WHERE namespace = %s", (self.namespace,))
 
     def settle(self, scan: LogScan) -> dict[str, Any] | None:
@@ -667,10 +671,10 @@ class PgStore(LocalDerivedState):
         out: dict[str, np.ndarray] = {}
         try:
             with self.db() as conn:
-                for start in range(0, len(keys), SHARE_BATCH):
+                for start in range(0, len(keys), LOG_BATCH):
                     rows = conn.execute("SELECT key, embedding FROM nubos_memory_embeddings WHERE namespace = %s AND "
                                         "fingerprint = %s AND key = ANY(%s)",
-                                        (self.namespace, fingerprint, keys[start:start + SHARE_BATCH]),
+                                        (self.namespace, fingerprint, keys[start:start + LOG_BATCH]),
                                         binary=True).fetchall()
                     out.update(rows)
         except StoreError:
@@ -727,7 +731,10 @@ class PgStore(LocalDerivedState):
             if exc.code != "store-permission-denied":
                 raise
             covered = False  # a reader role: this machine's generation serves it, nothing is shared
-        self._index_due = (fingerprint, dim)
+        from ..index import vectors as vector_index
+
+        if len(ids) > vector_index.EXACT_LIMIT:  # only then can the namespace need its index
+            self._index_due = (fingerprint, dim)
         ensure_dir(self.folder)
         return self.cache.commit(ids=ids, hashes=hashes, vectors=vectors, embedding=embedding, params=params,
                                  alpha=alpha, previous=previous, base=base, rebuilt=rebuilt,
