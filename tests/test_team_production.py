@@ -162,6 +162,16 @@ def test_a_paused_writer_is_named_and_loses_the_lock(dsn, tmp_path):
         holder.wait(timeout=10)
 
 
+def test_a_lock_session_ended_while_idle_between_writes_is_made_again(dsn, tmp_path):
+    """The server ends the lock session once it is idle past lock_hold_s, also between two writes of
+    one warm process (found by bench/bench_postgres.py): the next write opens a new one."""
+    root = project(tmp_path, "team", lock_hold_s=1.0)
+    mem = Memory.open(root)
+    mem.add(rec("first write"))
+    time.sleep(1.6)
+    assert mem.add(rec("second write, after the session was ended"))["added"] == 1
+
+
 # -- 4/5. nothing from the environment or the DSN reaches a message --------------------------------------
 def outputs(root: Path, env: dict[str, str]) -> str:
     text = ""

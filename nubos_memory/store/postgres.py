@@ -541,8 +541,14 @@ class PgStore(LocalDerivedState):
         import psycopg
 
         with self._lock_mutex:
+            name = f"nubos-memory {verb} {socket.gethostname()[:24]} pid {os.getpid()}"
+            if self._lock_conn is not None and not self._lock_conn.closed:
+                try:  # kept from an earlier lock: the server ends it once idle past lock_hold_s
+                    self._lock_conn.execute("SELECT set_config('application_name', %s, false)", (name[:63],))
+                except psycopg.Error:
+                    self._lock_conn.close()
+                    self._lock_conn = None
             try:
-                name = f"nubos-memory {verb} {socket.gethostname()[:24]} pid {os.getpid()}"
                 if self._lock_conn is None or self._lock_conn.closed:
                     self._lock_conn = self.connect(name)
                     try:
@@ -550,8 +556,6 @@ class PgStore(LocalDerivedState):
                                                 (f"{int(self.lock_hold_s * 1000)}",))
                     except psycopg.Error:  # before PostgreSQL 14: no such setting, no such protection
                         pass
-                else:
-                    self._lock_conn.execute("SELECT set_config('application_name', %s, false)", (name[:63],))
                 yield self._lock_conn
             except psycopg.Error as exc:
                 if self._lock_conn is not None:
