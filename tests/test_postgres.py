@@ -241,9 +241,8 @@ def test_vector_candidates_come_from_the_pgvector_hnsw_index(team, tmp_path, pg,
     import psycopg
 
     from nubos_memory.index import vectors as vi
-    from nubos_memory.store.postgres import PgStore
-
     from nubos_memory.store import postgres
+    from nubos_memory.store.postgres import PgStore
 
     monkeypatch.setattr(vi, "EXACT_LIMIT", 30)  # make this small memory a "large" one
     monkeypatch.setattr(postgres, "LOCAL_SCAN_LIMIT", 30)  # and one this machine would not scan itself
