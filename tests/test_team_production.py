@@ -497,3 +497,21 @@ def test_two_models_on_one_namespace_are_told_to_the_team(dsn, tmp_path):
     assert run_cli(["memory-rebuild", "--root", str(root)]).code == 0
     problems = {p["code"] for p in run_cli(["memory-stats", "--root", str(root)]).json["consistency"]["problems"]}
     assert "team-models-differ" in problems
+
+
+def test_a_warm_process_rebuilds_the_index_a_big_batch_dropped(dsn, tmp_path, monkeypatch):
+    """Within one process: the first batch builds the index, a second big one drops it for a bulk
+    load, and the build after it is not skipped because of what the process saw before (found by
+    bench/bench_postgres.py: a warm loader's namespace was left without its index)."""
+    from nubos_memory.index import vectors as vi
+    from nubos_memory.store import postgres
+
+    monkeypatch.setattr(vi, "EXACT_LIMIT", 30)
+    monkeypatch.setattr(postgres, "BULK_MIN", 20)
+    root = project(tmp_path, "team")
+    mem = Memory.open(root)
+    mem.index(MANY[:40])
+    assert mem.stats()["store"]["index"]["state"] == "valid"
+    more = [rec(f"second batch note {i}", f"more cases {i}", id=f"x{i}") for i in range(60)]
+    mem.index(more)
+    assert mem.stats()["store"]["index"]["state"] == "valid"

@@ -708,8 +708,9 @@ class PgStore(LocalDerivedState):
             for start in range(0, len(keys), SHARE_BATCH):
                 cur.executemany(statement, [(self.namespace, fingerprint, key, vectors[start + i])
                                             for i, key in enumerate(keys[start:start + SHARE_BATCH])])
-        if dropped:
-            self._index_tried = 0.0  # built again after the write, outside the lock (maintain)
+        if dropped:  # built again after the write, outside the lock (maintain): now, not after a retry pause
+            self._index_tried = -INDEX_RETRY_S
+            self._valid.pop(fingerprint, None)
 
     def commit(self, *, ids: list[str], hashes: list[str], vectors: "np.ndarray", embedding: dict[str, Any],
                params: "HnswParams", alpha: float, previous: "Manifest | None", base: "VectorIndex | None" = None,
