@@ -88,6 +88,16 @@ def _check_ids(ids: list[Any]) -> None:
         raise InputError(f"not a record id: {bad[0]!r}", code="record-invalid-id", details={"ids": bad[:20]})
 
 
+def _check_retirement(ids: list[str], reason: Any, verb: str) -> None:
+    """The arguments of ``forget`` and ``redact``: at least one well-formed id, and a one-line reason."""
+    if not ids:
+        raise UsageError(f"give at least one record id to {verb}")
+    _check_ids(ids)
+    if not one_line(reason, MAX_REASON):
+        raise InputError(f"a reason is 1-{MAX_REASON} characters on one line", code="forget-invalid-reason",
+                         details={"length": len(reason) if isinstance(reason, str) else None})
+
+
 class Memory:
     """One project's memory.  ``Memory.open()`` finds the project like the CLI does."""
 
@@ -227,12 +237,7 @@ class Memory:
         """Retire records (``memory-forget``): a tombstone per id is appended; the log keeps the records,
         results never show them again, the next rebuild drops their vectors."""
         self.require_enabled()
-        if not ids:
-            raise UsageError("give at least one record id to forget")
-        _check_ids(ids)
-        if not one_line(reason, MAX_REASON):
-            raise InputError(f"a reason is 1-{MAX_REASON} characters on one line", code="forget-invalid-reason",
-                             details={"length": len(reason) if isinstance(reason, str) else None})
+        _check_retirement(ids, reason, "forget")
         out = self.apply(forget=list(dict.fromkeys(ids)), reason=reason, verb="memory-forget")
         return {"forgotten": out["forgotten"], "already_retired": out["already_retired"],
                 "recovered": out["recovered"], "warnings": out["warnings"]}
@@ -252,12 +257,7 @@ class Memory:
         from .githistory import purge_advice
 
         self.require_enabled()
-        if not ids:
-            raise UsageError("give at least one record id to redact")
-        _check_ids(ids)
-        if not one_line(reason, MAX_REASON):
-            raise InputError(f"a reason is 1-{MAX_REASON} characters on one line", code="forget-invalid-reason",
-                             details={"length": len(reason) if isinstance(reason, str) else None})
+        _check_retirement(ids, reason, "redact")
         wanted = set(dict.fromkeys(ids))
         self.store.prepare()
         with self.store.lock("memory-redact"):
