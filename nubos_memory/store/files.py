@@ -152,12 +152,14 @@ class FileStore(LocalDerivedState):
     def settle(self, scan: LogScan) -> dict[str, Any] | None:
         done = self.log.recover_tail(scan)
         if scan.redacted_present:  # redacted text a merge brought back: removed again, under the lock
-            purged = self.redact(set(scan.redacted), "redacted again: the text came back (a git merge?)")
+            purged = self.redact(set(scan.redacted), "redacted again: the text came back (a git merge?)",
+                                 only={rid: set(info["hashes"]) for rid, info in scan.redacted.items()})
             done = {**(done or {}), "redacted_again": purged["lines"]}
         return done
 
-    def redact(self, ids: set[str], reason: str, keys: Sequence[str] = ()) -> dict[str, Any]:
-        """Under the lock: remove every record line of ``ids`` from the log and from every copy of it in
+    def redact(self, ids: set[str], reason: str, keys: Sequence[str] = (),
+               only: dict[str, set[str]] | None = None) -> dict[str, Any]:
+        """Under the lock: remove every record line of ``ids`` (``only``: just those lines) from the log and from every copy of it in
         the folder (``records.jsonl.bak-*`` backups, torn bytes set aside), leaving ``redact`` lines
         (``recordlog.redact_lines``); each file is replaced atomically.  The derived files still hold
         the text (lexical vocabulary) until the caller rebuilds them.  ``keys``: texts' vector keys
@@ -169,7 +171,7 @@ class FileStore(LocalDerivedState):
                 data = read_regular(path)
             except FileNotFoundError:
                 continue
-            lines, hit = redact_lines(data.splitlines(keepends=True), ids, reason)
+            lines, hit = redact_lines(data.splitlines(keepends=True), ids, reason, only)
             if hit:
                 atomic_write_bytes(path, b"".join(lines))
                 found += hit if path == self.log.path else []

@@ -110,6 +110,7 @@ class LogScan:
     repeats: int = 0  # lines that repeat a live record exactly (its id and content): nothing to report
     redacted: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {at, reason, hashes} of redactions
     redacted_present: list[int] = field(default_factory=list)  # lines of redacted content found again
+    redaction_checked: set[int] = field(default_factory=set)  # positions of a redacted id found not to match
 
     def ids(self) -> set[str]:
         """Ids of live records."""
@@ -171,16 +172,18 @@ def _note_redaction(scan: "LogScan", op: dict[str, Any]) -> None:
     info["hashes"].add(op["line_sha256"])
 
 
-def redact_lines(lines: list[bytes], ids: set[str], reason: str) -> tuple[list[bytes], list[str]]:
+def redact_lines(lines: list[bytes], ids: set[str], reason: str,
+                 only: dict[str, set[str]] | None = None) -> tuple[list[bytes], list[str]]:
     """``lines`` (each with its newline) with every record line of ``ids`` replaced by a ``redact``
-    line, and the ids whose lines were found."""
+    line, and the ids whose lines were found.  With ``only`` (id -> line hashes), just the lines an
+    earlier redaction named: a later record with the same id and other content is a new record."""
     at = now_iso()
     needles = [rid.encode() for rid in ids]
     out, found = [], []
     for raw in lines:
         if any(n in raw for n in needles):
             kind, obj, _ = _classify(raw.rstrip(b"\r\n"))
-            if kind == "record" and obj["id"] in ids:
+            if kind == "record" and obj["id"] in ids and (only is None or line_hash(raw) in only.get(obj["id"], ())):
                 raw = dumps({"op": "redact", "id": obj["id"], "line_sha256": line_hash(raw), "at": at,
                              "reason": reason}) + b"\n"
                 found.append(obj["id"])
@@ -383,13 +386,15 @@ class RecordLog:
                 scan.redacted_present.append(number)  # redacted text came back (a merge): never read
                 return
             self._record(scan, obj, number)
+            if redactions is not None and scan.position.get(obj["id"]) == len(scan.records) - 1:
+                scan.redaction_checked.add(len(scan.records) - 1)  # redacted before, other content: a new record
         elif kind == "forget":
             self._forget(scan, obj, number)
             scan.ops += 1
         elif kind == "redact":
             _note_redaction(scan, obj)
             target = scan.live(obj["id"])
-            if target is not None:  # a copy read before its redact line (a merge put it there)
+            if target is not None and target not in scan.redaction_checked:  # read before its redaction was known
                 scan.dead[target] = {"line": number, "reason": "redacted", "at": obj.get("at")}
                 scan.deaths.append(target)
                 scan.redacted_present.append(scan.line_of[target])
