@@ -130,10 +130,7 @@ class WritePath:
         precomputed = {p: vectors[i] for p, i in zip(positions, new_index) if i in vectors}
         state = self.vectors.sync(None, must=positions, cap=self.config.max_pending_embed, blocking=True,
                                   verb=verb, precomputed=precomputed, progress=progress)
-        try:
-            self.store.maintain()  # outside the lock (the team database's index build, bounded)
-        except StoreError:
-            pass  # upkeep only: the write is acknowledged, queries scan exactly meanwhile
+        self._upkeep()
         stored = set(new_index)
         return {
             "added": len(new),
@@ -177,16 +174,21 @@ class WritePath:
         positions = [p for p in range(before, len(scan.records)) if scan.live(scan.records[p]["id"]) == p]
         state = self.vectors.sync(None, must=positions, cap=self.config.max_pending_embed, blocking=True,
                                   verb=verb, progress=progress)
-        try:
-            self.store.maintain()
-        except StoreError:
-            pass
+        self._upkeep()
         skipped = sorted({e["id"] for e in events if "op" not in e} & known)
         return {"added": len(records), "skipped": len(skipped), "ids": [r["id"] for r in records],
                 "skipped_ids": skipped, "duplicates": [], "near_duplicates": [], "reasserted": [],
                 "forgotten": forgotten, "already_retired": [], "indexed": state.indexed, "embedded": state.embedded,
                 "pending": state.behind if state.degraded is None else None, "degraded": state.degraded,
                 "recovered": recovered, "warnings": scan.warnings() + state.notes()}
+
+    def _upkeep(self) -> None:
+        """After a write, outside the lock: the store's upkeep (the team database's index build, bounded).
+        A failure costs speed only: the write is acknowledged, queries scan exactly meanwhile."""
+        try:
+            self.store.maintain()
+        except StoreError:
+            pass
 
     def _newer_near(self, pos: int, scan: LogScan) -> str | None:
         """The id of a live near duplicate (cosine ≥ ``memory.near_duplicate``) of the record at ``pos``

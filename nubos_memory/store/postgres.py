@@ -1121,9 +1121,3 @@ def _register_vector(conn: Any) -> None:
 def _lock_key(name: str) -> int:
     """A stable signed 64-bit advisory lock key for a name."""
     return int.from_bytes(hashlib.sha256(b"nubos-memory:" + name.encode()).digest()[:8], "big", signed=True)
-
-
-def default_namespace(root: Path) -> str:
-    """The project's folder name: the same on every machine that clones it under that name."""
-    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in root.resolve().name)
-    return name[:128] or "default"
