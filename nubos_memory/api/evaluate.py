@@ -280,11 +280,8 @@ def evaluate_one(source_config: dict[str, Any], folder: Path, *, split: str = "t
             "modes": out_modes,
         }
     finally:
-        if scratch_store is not None and scratch_store.kind == "postgres":
-            from ..store.postgres import PgStore
-
-            if isinstance(scratch_store, PgStore):
-                scratch_store.drop()
+        if scratch_store is not None:
+            scratch_store.discard()
         shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -603,7 +603,7 @@ class Memory:
         the file store reads as is, whichever store this memory lives in."""
         self.require_enabled()
         target = Path(path)
-        if target.resolve() == (self.project.memory_dir / "records.jsonl").resolve():
+        if self.store.owns(target):
             raise InputError("memory-export would overwrite the memory's own log", code="export-target-is-log",
                              details={"path": str(path)[:MAX_ECHO]})
         lines = list(self.store.export_lines())

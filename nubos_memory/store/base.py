@@ -24,6 +24,8 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import numpy as np
 
     from ..index.lexical import PostingsBM25
@@ -72,6 +74,14 @@ class Store(Protocol):
     def maintain(self, wait_s: float | None = None) -> dict[str, Any] | None:
         """Outside the write lock, after a write or rebuild: upkeep the place needs (the team database
         builds its HNSW index here, waiting at most ``wait_s`` for other sessions); what was done."""
+        ...
+
+    def owns(self, path: "Path") -> bool:
+        """Whether writing ``path`` would overwrite the store's own log (``memory-export`` refuses it)."""
+        ...
+
+    def discard(self) -> None:
+        """Delete everything this memory holds in its place, for good (``memory-eval``'s scratch memories)."""
         ...
 
     # -- the log -----------------------------------------------------------------------------

@@ -142,6 +142,12 @@ class FileStore(LocalDerivedState):
     def maintain(self, wait_s: float | None = None) -> dict[str, Any] | None:
         return None  # the local graph is extended by every commit
 
+    def owns(self, path: Path) -> bool:
+        return path.resolve() == self.log.path.resolve()
+
+    def discard(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
     # -- the log -----------------------------------------------------------------------------
     def refresh(self, scan: LogScan | None) -> LogScan:
         return self.log.refresh(scan)

@@ -531,7 +531,10 @@ class PgStore(LocalDerivedState):
             shutil.rmtree(self.folder, ignore_errors=True)
         return {"dropped": name, "rows": counts, "indexes": indexes}
 
-    def drop(self) -> None:
+    def owns(self, path: Path) -> bool:
+        return False  # the log is in the database: no file is its own
+
+    def discard(self) -> None:
         """Delete this namespace (memory-eval's scratch namespaces) and this machine's derived files of it."""
         self.drop_namespace(self.namespace)
 
