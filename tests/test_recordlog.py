@@ -17,7 +17,7 @@ def test_refresh_parses_only_appends(tmp_path):
     path.write_text("".join(line(i) for i in range(200)))
     log = RecordLog(path)
     scan = log.scan()
-    assert len(scan.records) == 200 and scan.offset == path.stat().st_size
+    assert len(scan.records) == 200 and scan.applied == path.stat().st_size
     assert log.refresh(scan) is scan  # unchanged: same object, nothing parsed
     with path.open("a") as f:
         # a new record, a corrupt line, a duplicate id with other content, the same line again (written later)

@@ -4,7 +4,7 @@ Data flows one way: records (the store's log) → embeddings → derived state
 (vector index, lexical postings) → query.  The parts, each in its own module:
 
 * ``store`` (``store/base.py``): where the log, the write lock and the
-  derived state live (``FileStore``: ``.nubos-pilot/memory/``);
+  derived state live (``store/``: the project's folder, or a team database);
 * ``snap`` (``search/snapshot.py``): the log and its derived data as held in
   this process, refreshed incrementally;
 * ``vectors`` (``vectorsync.py``): embedding what lacks a vector, committing it;
@@ -28,8 +28,9 @@ from ..config import Project, load_project, read_config_file, validate_section
 from ..embed import Embedder, make_embedder
 from ..errors import DisabledError, InputError, NubosMemoryError, StoreError, UsageError
 from ..faults import crash_point
-from ..fsio import DIR_MODE, atomic_write_bytes, dumps
+from ..fsio import DIR_MODE, atomic_write_bytes, dumps, read_regular
 from ..limits import FUSIONS, MAX_ECHO, MAX_GET, MAX_K, MAX_PHASE, MAX_QUERY_CHARS, MAX_REASON, MAX_TOKENS, MODES
+from ..log import LogScan, read
 from ..progress import Reporter, stage
 from ..records import (
     SCHEMA_VERSION,
@@ -42,8 +43,7 @@ from ..records import (
     validate_batch,
 )
 from ..search.snapshot import Snapshot
-from ..store.files import FileStore
-from ..store.recordlog import LogScan, RecordLog
+from ..store import open_store
 from ..store.usage import parse_duration
 from .vectorsync import VectorSync
 from .writepath import WritePath, history, save_lexical, settled_scan
@@ -70,15 +70,6 @@ def _answer(method: Callable[..., Any]) -> Callable[..., Any]:
             warnings.extend(n for n in notices if (n["code"], n.get("path")) not in have)
         return result
     return verb
-
-
-def open_store(project: Project) -> "Store":
-    """The store ``memory.backend`` names (the database driver is imported only for postgres)."""
-    if project.config.backend == "postgres":
-        from ..store.postgres import PgStore
-
-        return PgStore(project, project.config.lock_timeout)
-    return FileStore(project, project.config.lock_timeout)
 
 
 def _check_ids(ids: list[Any]) -> None:
@@ -110,7 +101,7 @@ class Memory:
         self.vectors = VectorSync(self.snap, self.store, lambda: self.embedder, self.config)
         self.writes = WritePath(self.snap, self.store, self.vectors, self.config)
         self.notices: list[dict[str, Any]] = []
-        self._settle_tried: tuple[int, int] | None = None
+        self._settle_tried: tuple[Any, int] | None = None
 
     @classmethod
     def open(cls, root: str | os.PathLike[str] | None = None, *, embedder: Embedder | None = None) -> "Memory":
@@ -143,15 +134,15 @@ class Memory:
         self.notices = self.store.check()
 
     def scan(self) -> LogScan:
-        """Read the log (tolerating damage; see ``store/recordlog.py``), incrementally.
+        """Read the log (tolerating damage; see ``log.py``), incrementally.
 
         If the log ends in an unfinished write and no writer holds the lock right now, that
         write is not in progress: it is settled here as the next writer would, so a crash's or a
         hand edit's leftovers never hide records until the next write.
         """
         scan = self.snap.refresh()
-        if scan.partial_tail is not None and (scan.inode, scan.size) != self._settle_tried:
-            self._settle_tried = (scan.inode, scan.size)
+        if scan.partial_tail is not None and (scan.cursor, scan.size) != self._settle_tried:
+            self._settle_tried = (scan.cursor, scan.size)
             try:
                 with self.store.try_lock("settle-log") as got:
                     if got:
@@ -629,7 +620,11 @@ class Memory:
         if not source.is_file():
             raise InputError(f"no such records file: {str(path)[:MAX_ECHO]!r}", code="records-file-unreadable",
                              details={"path": str(path)[:MAX_ECHO]})
-        theirs = RecordLog(source).scan()
+        try:
+            theirs = read(read_regular(source))
+        except OSError as exc:
+            raise StoreError(f"cannot read {source.name}: {exc.strerror}", code="records-unreadable",
+                             details={"path": str(source)}) from None
         events = history(theirs)
         out = self.writes.replay(events, verb="memory-import", progress=stage(progress, "embedding"))
         return {"imported": out["added"], "already_present": out["skipped"], "retired": len(out["forgotten"]),

@@ -18,9 +18,9 @@ import numpy as np
 
 from ..errors import EmbeddingError, InputError, RebuildRequired, StoreError
 from ..faults import crash_point
+from ..log import LogScan, forget_op
 from ..records import embed_text, recency
 from ..search.dedup import find_exact, fingerprint, nearest, within_batch
-from ..store.recordlog import LogScan, forget_op
 
 NEAR_GROUP = 16  # near duplicates of a record looked at for a newer statement
 
@@ -166,7 +166,7 @@ class WritePath:
             before = len(scan.records)
             records = [e for e in todo if "op" not in e]
             forgotten = [e["id"] for e in todo if e.get("op") == "forget"]
-            # Record and operation lines interleaved, in the source's order (RecordLog.lines keeps it).
+            # Record and operation lines interleaved, in the source's order (``log.frame`` keeps it).
             self.store.append(cast("list[Record]", todo))
             crash_point("after-append")
             scan = snap.refresh()

@@ -35,13 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import codes
 from ..errors import InputError
 from ..limits import MAX_ECHO, MAX_TITLE
 from ..records import validate_batch
 from .markdown import FrontmatterError, chunk_markdown
 
 if TYPE_CHECKING:
-    from ..store.recordlog import LogScan
+    from ..log import LogScan
     from ..types import Record
 
 DEFAULT_INCLUDE = ("*.md", "*.markdown")
@@ -91,13 +92,13 @@ def select_files(paths: list[str], root: Path, include: list[str], exclude: list
     for arg in paths:
         if not isinstance(arg, str) or not arg or "\x00" in arg or len(arg) > 4096:
             raise InputError(f"{str(arg)[:200]!r} is not a path (empty, too long, or with a NUL byte)",
-                             code="ingest-path-invalid", details={"path": str(arg)[:200]})
+                             code=codes.INGEST_PATH_INVALID, details={"path": str(arg)[:200]})
         given = Path(arg)
         path = given if given.is_absolute() else root / given  # relative to the project, never the cwd
         path = Path(os.path.normpath(path))
         if not _inside(path, root) or not _inside(path.resolve(), root):
             raise InputError(f"{arg!r} is outside the project {str(root)!r}; only project files are ingested",
-                             code="ingest-path-outside-project", details={"path": arg, "root": str(root)})
+                             code=codes.INGEST_PATH_OUTSIDE_PROJECT, details={"path": arg, "root": str(root)})
         if not path.exists():
             missing.append(_rel(path, root))
             continue
@@ -132,18 +133,18 @@ def file_records(path: Path, rel: str, record_type: str | None) -> list[dict[str
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise InputError(f"{rel} is larger than {MAX_FILE_BYTES >> 20} MiB", code="ingest-file-too-large",
+            raise InputError(f"{rel} is larger than {MAX_FILE_BYTES >> 20} MiB", code=codes.INGEST_FILE_TOO_LARGE,
                              details={"path": rel, "bytes": size})
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
-        raise InputError(f"{rel} is not UTF-8 text", code="ingest-file-unreadable", details={"path": rel}) from None
+        raise InputError(f"{rel} is not UTF-8 text", code=codes.INGEST_FILE_UNREADABLE, details={"path": rel}) from None
     except OSError as exc:
-        raise InputError(f"cannot read {rel}: {exc.strerror}", code="ingest-file-unreadable",
+        raise InputError(f"cannot read {rel}: {exc.strerror}", code=codes.INGEST_FILE_UNREADABLE,
                          details={"path": rel}) from None
     try:
         doc = chunk_markdown(text, path.stem)
     except FrontmatterError as exc:
-        raise InputError(f"{rel}: {exc}", code="ingest-frontmatter-invalid", details={"path": rel}) from None
+        raise InputError(f"{rel}: {exc}", code=codes.INGEST_FRONTMATTER_INVALID, details={"path": rel}) from None
     tags = list(dict.fromkeys(doc.tags + ([doc.category] if doc.category else [])))
     rtype = record_type or ("learning" if doc.category else "research")
     out = []
@@ -184,7 +185,7 @@ def read_documents(paths: Sequence[str], root: Path, *, include: Sequence[str], 
     large, bad frontmatter, a record it would make is invalid) is reported in ``failed`` and passed
     over; the others are read."""
     if record_type is not None and record_type not in types:
-        raise InputError(f"type must be one of {list(types)}", code="record-invalid-type",
+        raise InputError(f"type must be one of {list(types)}", code=codes.RECORD_INVALID_TYPE,
                          details={"type": str(record_type)[:MAX_ECHO], "allowed": list(types)})
     files, skipped, prefixes, missing = select_files(list(paths), root, list(include), list(exclude))
     docs = Documents(skipped=skipped, prefixes=prefixes, missing=missing)

@@ -32,7 +32,7 @@ from ..types import Record
 if TYPE_CHECKING:
     from ..index.lexical import PostingsBM25
     from ..index.vectors import VectorIndex
-    from ..store.recordlog import LogScan
+    from ..log import LogScan
 
 _SIGN_BEFORE_DIGIT = "-+.$€£¥"
 

@@ -47,7 +47,7 @@ from .snapshot import Snapshot, VectorState
 if TYPE_CHECKING:
     from ..config import MemoryConfig
     from ..embed.base import Embedder
-    from ..store.recordlog import LogScan
+    from ..log import LogScan
     from ..types import Hit, QueryResult
 
 def echo(text: str) -> str:

@@ -21,8 +21,8 @@ from ..tokenize import tokenize
 from .neighbours import gate, live_neighbours
 
 if TYPE_CHECKING:
+    from ..log import LogScan
     from ..store.base import Store
-    from ..store.recordlog import LogScan
     from ..types import Manifest, Record
 
 LEXICAL_SAVE_MIN = 64
@@ -170,7 +170,7 @@ class Snapshot:
         uncovered = (n - self.lexical_saved) + (len(engine.removed) - self.lexical_saved_deaths)
         if scan is not None and engine.size == n and uncovered > 0 and (
                 force or uncovered >= max(LEXICAL_SAVE_MIN, n // 100)):
-            self.store.save_lexical(engine, scan.offset)
+            self.store.save_lexical(engine, scan.applied)
             self.lexical_saved, self.lexical_saved_deaths = n, len(engine.removed)
 
     # -- filters -------------------------------------------------------------------

@@ -6,8 +6,8 @@ second implementation (a database) provides the same operations with the same
 semantics, and every verb works on it unchanged:
 
 * **the log** — the source of truth, records and operation lines in order
-  (``recordlog.py`` defines them): ``refresh`` reads what was appended since a
-  :class:`LogScan` (from its ``offset``, a position in the log), ``append``
+  (``log.py`` says what they mean): ``refresh`` reads what was appended since a
+  :class:`LogScan` (from its ``cursor``, which only the store reads), ``append``
   adds records and operations as one all-or-nothing change, ``settle`` deals
   with a crashed writer's leftovers, ``rewrite`` replaces the log by its live
   records for ``memory-compact`` (keeping the old one);
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
     from ..index.lexical import PostingsBM25
     from ..index.vectors import HnswParams, VectorIndex
+    from ..log import LogScan
     from ..types import Manifest, Record
-    from .recordlog import LogScan
 
 
 class UsageLog(Protocol):
@@ -141,7 +141,7 @@ class Store(Protocol):
         ...
 
     def load_lexical(self, max_records: int) -> "tuple[PostingsBM25, int] | None":
-        """The persisted lexical postings and the log offset they cover, if still valid."""
+        """The persisted lexical postings and the bytes of the log they cover (``LogScan.applied``), if still valid."""
         ...
 
     def save_lexical(self, engine: "PostingsBM25", offset: int) -> None: ...

@@ -31,6 +31,7 @@ from typing import Any, cast
 import numpy as np
 from numpy.lib import format as npformat
 
+from .. import codes
 from ..errors import StoreError
 from ..faults import crash_point
 from ..fsio import (
@@ -90,7 +91,7 @@ def _write_vectors(path: Path, vectors: np.ndarray, base: VectorIndex | None) ->
             return digest.hexdigest()
         source = base.vectors_path
         if source is None:
-            raise StoreError("the current vectors have no file to extend; run memory-rebuild", code="vectors-corrupt")
+            raise StoreError("the current vectors have no file to extend; run memory-rebuild", code=codes.VECTORS_CORRUPT)
         shape = (len(base) + len(vectors), base.dim)
         npformat.write_array_header_1_0(f, {"descr": npformat.dtype_to_descr(np.dtype(np.float32)),
                                             "fortran_order": False, "shape": shape})
@@ -100,7 +101,7 @@ def _write_vectors(path: Path, vectors: np.ndarray, base: VectorIndex | None) ->
             src_shape, fortran, dtype = read_header(src)
             if src_shape != (len(base), base.dim) or fortran or dtype != np.float32:
                 raise StoreError("stored vectors changed under the writer; run memory-rebuild",
-                                 code="vectors-corrupt", details={"file": source.name})
+                                 code=codes.VECTORS_CORRUPT, details={"file": source.name})
             shutil.copyfileobj(src, f, 1 << 20)
         f.write(np.ascontiguousarray(vectors, dtype=np.float32).tobytes())
     return digest.hexdigest()
@@ -132,7 +133,7 @@ class DerivedCache:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise StoreError(f"cannot read manifest: {exc.strerror}", code="manifest-corrupt",
+            raise StoreError(f"cannot read manifest: {exc.strerror}", code=codes.MANIFEST_CORRUPT,
                              details={"path": str(self.manifest_path)}) from None
         if self._last is not None and self._last[0] == raw:  # the same bytes: parsed and verified already
             return cast(Manifest, dict(self._last[1]))
@@ -153,18 +154,18 @@ class DerivedCache:
             raise StoreError(
                 "manifest.json is corrupt or of an unknown format; it is left untouched. "
                 "Run memory-rebuild to replace it.",
-                code="manifest-corrupt",
+                code=codes.MANIFEST_CORRUPT,
                 details={"path": str(self.manifest_path), "bytes": len(raw)},
             )
         if not available():  # fail closed: without a key nothing can be told trusted (trust.py)
             raise StoreError("no signing key: derived files cannot be trusted, so they are not used and vectors "
-                             "are computed from records.jsonl for this call", code="signing-key-unavailable",
+                             "are computed from records.jsonl for this call", code=codes.SIGNING_KEY_UNAVAILABLE,
                              details={"path": str(self.manifest_path)})
         if not verify(doc):
             raise StoreError(
                 "manifest.json was not written by this user on this machine (a cloned or copied memory, or "
                 "an older version); its derived files are not used. Run memory-rebuild to re-derive them.",
-                code="manifest-untrusted", details={"path": str(self.manifest_path)})
+                code=codes.MANIFEST_UNTRUSTED, details={"path": str(self.manifest_path)})
         self._last = (raw, doc)
         return cast(Manifest, dict(doc))
 
@@ -180,14 +181,14 @@ class DerivedCache:
         for key in ("index", "keymap", "vectors") if self.graph else ("keymap", "vectors"):
             path = paths.get(key)
             if path is None or path.name != Path(path.name).name or not path.is_file():
-                raise StoreError(f"derived {key} file is missing; run memory-rebuild", code="index-missing",
+                raise StoreError(f"derived {key} file is missing; run memory-rebuild", code=codes.INDEX_MISSING,
                                  details={"file": str(path.name if path else None)})
             if path.is_symlink():
                 raise StoreError(f"derived {key} file {path.name} is a symlink; it is not followed",
-                                 code="store-symlink-refused", details={"file": path.name})
+                                 code=codes.STORE_SYMLINK_REFUSED, details={"file": path.name})
             if path.stat().st_size != files[key].get("bytes"):
                 raise StoreError(f"derived {key} file {path.name} has the wrong size; run memory-rebuild",
-                                 code=f"{'index' if key == 'index' else key}-corrupt",
+                                 code=_CORRUPT[key],
                                  details={"file": path.name, "bytes": path.stat().st_size,
                                           "expected": files[key].get("bytes")})
         ours = manifest.get("generation") == self.written  # hashed as we wrote it, under the lock
@@ -200,7 +201,7 @@ class DerivedCache:
             if not (isinstance(ids, list) and isinstance(hashes, list) and len(ids) == len(hashes) == count):
                 raise ValueError("length")
         except (OSError, ValueError, KeyError, TypeError):
-            raise StoreError("keymap is corrupt; run memory-rebuild", code="keymap-corrupt",
+            raise StoreError("keymap is corrupt; run memory-rebuild", code=codes.KEYMAP_CORRUPT,
                              details={"file": paths["keymap"].name}) from None
         try:
             if not ours and file_sha256(paths["vectors"]) != files["vectors"].get("sha256"):
@@ -209,7 +210,7 @@ class DerivedCache:
             if vectors.dtype != np.float32 or vectors.shape != (count, dim):
                 raise ValueError("shape")
         except (OSError, ValueError):
-            raise StoreError("stored vectors are corrupt; run memory-rebuild", code="vectors-corrupt",
+            raise StoreError("stored vectors are corrupt; run memory-rebuild", code=codes.VECTORS_CORRUPT,
                              details={"file": paths["vectors"].name}) from None
         # The graph is fed to hnswlib, which trusts its input: only a verified manifest's, and only
         # after its own checksum matches (checked here when it will be searched, else on first use).
@@ -235,7 +236,7 @@ class DerivedCache:
                 if again is not None and again.get("generation") != manifest.get("generation"):
                     continue  # a writer committed while we read: read the new generation
                 raise exc
-        raise StoreError("derived files keep changing under the reader", code="index-busy")
+        raise StoreError("derived files keep changing under the reader", code=codes.INDEX_BUSY)
 
     # -- writing (caller holds the write lock) -----------------------------------
     def commit(
@@ -262,7 +263,7 @@ class DerivedCache:
         """
         if not available():
             raise StoreError("no signing key: a derived file written now could never be trusted, so none is "
-                             "written; see memory-stats.user_folders", code="signing-key-unavailable")
+                             "written; see memory-stats.user_folders", code=codes.SIGNING_KEY_UNAVAILABLE)
         gen = f"{int(time.time() * 1000):x}-{secrets.token_hex(3)}"
         base_gen = (previous or {}).get("generation")
         names = _names(gen)

@@ -2,7 +2,7 @@
 
 ::
 
-    records.jsonl             the log (``recordlog.py``); committed, merged with merge=union
+    records.jsonl             the log (``recordlog.py`` carries it); committed, merged with merge=union
     .lock, .lock.holder.json  the write lock (``lock.py``)
     manifest.json + index-/keymap-/vectors-<gen>   the vector generation (``cache.py``)
     lexical.json + lexical-<gen>.npz                the lexical postings (``lexcache.py``)
@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 from ..errors import StoreError
 from ..faults import crash_point
 from ..fsio import atomic_write_bytes, dumps, ensure_dir, read_regular
+from ..log import LogScan, redact_lines
 from ..trust import file_sha256
 from .cache import DerivedCache, LocalDerivedState
 from .lexcache import LexicalCache
 from .lock import WriteLock
-from .recordlog import LogScan, RecordLog, redact_lines
+from .recordlog import RecordLog
 from .usage import Usage
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ class FileStore(LocalDerivedState):
                only: dict[str, set[str]] | None = None) -> dict[str, Any]:
         """Under the lock: remove every record line of ``ids`` (``only``: just those lines) from the log and from every copy of it in
         the folder (``records.jsonl.bak-*`` backups, torn bytes set aside), leaving ``redact`` lines
-        (``recordlog.redact_lines``); each file is replaced atomically.  The derived files still hold
+        (``log.redact_lines``); each file is replaced atomically.  The derived files still hold
         the text (lexical vocabulary) until the caller rebuilds them.  ``keys``: texts' vector keys
         (shared vectors; this store shares none)."""
         found: list[str] = []

@@ -14,7 +14,7 @@ lives in the database; what is derived lives on each machine::
     ~/.cache/nubos-memory/postgres/<host-db-namespace>/   keymap, vectors, lexical postings (this machine's)
 
 * **The log** is the source of truth, as in the file store: record lines,
-  tombstones and groups are the same bytes (``recordlog.py`` parses them), so
+  tombstones and groups are the same bytes (``log.py`` reads them), so
   ``memory-export`` writes a ``records.jsonl`` the file store reads as is.
   A change is one transaction: readers see all of it or none, and a write is
   acknowledged only after its commit.
@@ -53,16 +53,17 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import dsn_env_name
 from ..errors import ConfigError, LockTimeout, StoreError
 from ..fsio import dumps, ensure_dir
+from ..log import LogScan, feed, frame, redact_lines, restart
 from ..userdirs import user_cache_dir
 from .cache import DerivedCache, LocalDerivedState
 from .lexcache import LexicalCache
-from .recordlog import LogScan, RecordLog, redact_lines
 
 if TYPE_CHECKING:
     import numpy as np
@@ -173,6 +174,15 @@ def connection_class() -> Any:
     return _CONNECTION
 
 
+@dataclass(frozen=True)
+class PgCursor:
+    """Where a namespace's log was read to: its epoch (a new one after ``memory-compact`` rewrote the
+    log) and the last sequence number read."""
+
+    epoch: int
+    seq: int
+
+
 class PgStore(LocalDerivedState):
     """The :class:`~nubos_memory.store.base.Store` of one namespace in a PostgreSQL database."""
 
@@ -218,7 +228,6 @@ class PgStore(LocalDerivedState):
         self._index_due: tuple[str, int] | None = None  # (fingerprint, dim) a commit may have made worth an index
         self._valid: dict[str, tuple[float, bool]] = {}  # fingerprint -> (when looked, index valid)
         self.namespace_existed: bool | None = None  # before this process first looked (None: not yet)
-        self.log = RecordLog(Path(self.namespace))  # parses the lines; the database holds them
         self._conn: Any = None
         self._lock_conn: Any = None  # the session that holds the write lock (its own, see lock())
         self._mutex = threading.RLock()  # one connection, used by one thread at a time
@@ -390,15 +399,15 @@ class PgStore(LocalDerivedState):
         statement = ("SELECT n.epoch, l.seq, l.line FROM nubos_memory_namespace n LEFT JOIN nubos_memory_log l "
                      "ON l.namespace = n.namespace AND l.seq > %s WHERE n.namespace = %s ORDER BY l.seq")
         with self.db() as conn:
-            cursor = scan.cursor if scan is not None else 0
-            found = conn.execute(statement, (cursor, self.namespace)).fetchall()
+            cursor = scan.cursor if scan is not None and isinstance(scan.cursor, PgCursor) else PgCursor(-1, 0)
+            found = conn.execute(statement, (cursor.seq, self.namespace)).fetchall()
             epoch = int(found[0][0]) if found else 0
-            if scan is None or scan.inode != epoch:  # first read, or memory-compact rewrote the log
-                scan = LogScan(inode=epoch, generation=(scan.generation + 1) if scan is not None else 0)
-                if cursor:  # those were lines past the old log's position: read the new one from its start
+            if scan is None or cursor.epoch != epoch:  # first read, or memory-compact rewrote the log
+                scan = restart(scan)
+                if cursor.seq:  # those were lines past the old log's position: read the new one from its start
                     found = conn.execute(statement, (0, self.namespace)).fetchall()
                     epoch = int(found[0][0]) if found else 0
-                    scan.inode = epoch
+                scan.cursor = cursor = PgCursor(epoch, 0)
         self._epoch = epoch
         if not found:  # no write ever reached this namespace: a typo in memory.postgres.namespace?
             if self.namespace_existed is None:
@@ -413,13 +422,13 @@ class PgStore(LocalDerivedState):
             self.namespace_existed = True
         rows = [(seq, line) for _, seq, line in found if seq is not None]
         if rows:
-            self.log.parse(scan, "".join(line + "\n" for _, line in rows).encode())
-            scan.cursor = int(rows[-1][0])
+            feed(scan, "".join(line + "\n" for _, line in rows).encode())
+            scan.cursor = PgCursor(epoch, int(rows[-1][0]))
         return scan
 
     def append(self, records: "Sequence[Record]", ops: Sequence[dict[str, Any]] = ()) -> None:
         """One transaction (under the lock): committed before this returns, or an error."""
-        lines = self.log.lines(records, ops)
+        lines = frame(records, ops)
         if not lines:
             return
         self._still_locked()
@@ -455,7 +464,7 @@ class PgStore(LocalDerivedState):
 
     def redact(self, ids: set[str], reason: str, keys: Sequence[str] = ()) -> dict[str, Any]:
         """Under the lock, one transaction: every record line of ``ids`` in the log and in its backups is
-        replaced by a ``redact`` line (``recordlog.redact_lines``), the texts' shared vectors are deleted,
+        replaced by a ``redact`` line (``log.redact_lines``), the texts' shared vectors are deleted,
         and the epoch is bumped, so every machine reads the log again from its start."""
         self._still_locked()
         found: list[str] = []

@@ -1,261 +1,36 @@
-"""``records.jsonl``: the append-only source of truth.
+"""The file store's log: ``records.jsonl``, the append-only source of truth, read and appended.
 
-Each line is a record, or an operation on records (adr/0008)::
-
-    {"id": ..., "type": ..., ...}                              a record (``records.py``)
-    {"op": "forget", "id": "X", "at": "...", "reason": "..."}  X no longer appears anywhere
-    {"op": "group", "lines": K, "gid": G}                      the next K lines are one change ...
-    {"op": "commit", "gid": G}                                 ... which ends here
-    {"op": "rollback", "gid": G}                               ... or was abandoned by a crashed writer
-    {"op": "redact", "id": "X", "line_sha256": H, "at", "reason"}  in place of a record line whose text was
-                                                               removed (``memory-redact``)
-
-A record may name the id it replaces (``"supersedes": "X"``): X is then dead
-like a forgotten one.  Dead records keep their position (so every derived
-array stays aligned) but never appear in results; a later record with a dead
-id brings that id back, at a new position.  A record line without an ``id``
-(written by hand) gets a stable id derived from its content (``records.py``).
-
-**Groups** make a change of several lines all-or-nothing for readers: a
-writer appends header, lines and commit in one ``write``.  A reader applies
-the group's lines when it reaches the commit line.  Hand edits, merge
-conflict resolutions and reverts must never hide what is in the file, so a
-damaged group is applied line by line and reported, never held back:
-
-* a commit after fewer or more lines than the header declared: applied,
-  reported (``records-group-damaged``);
-* no commit after the declared lines, or another group header first: the
-  lines are applied where the group should have ended, reported;
-* a commit, rollback or group line that belongs to no open group: ignored,
-  reported (``records-stray-op``);
-* groups written before the commit line existed (no ``gid``) end after
-  their K lines, as they always did.
-
-Only two things count as *a write in progress* and are held back: bytes
-after the last newline (a torn line), and a group still open at the very end
-of the file.  Once no writer is running (whoever holds the write lock knows
-that), :meth:`RecordLog.recover_tail` settles them by *appending*: a group
-whose lines are all present gets its commit line (it is applied), one that
-ends in a torn line was cut by a crash and gets a rollback line (its
-complete lines stay in the file, unapplied: nobody was told they were
-saved); a torn line that is a complete record only lost its newline, which
-is added; any other torn bytes are copied to ``records.jsonl.torn`` and cut.
-That cut is the only way bytes leave the log outside ``memory-compact``,
-and those bytes were never acknowledged to anyone.
-
-**Redaction** is the one rewrite of lines outside ``memory-compact``: ``memory-redact``
-replaces each line of a record by a ``redact`` line that holds no content, only the
-sha256 of the line it replaced (:func:`redact_lines`).  A line with that id and that
-hash found anywhere in the log (a git merge or a cherry-pick can bring it back) is
-never read as a record: it is counted in ``redacted_present``, and the next writer
-removes it again (``FileStore.settle``).
-
-Reading tolerates damage: a line that is not valid UTF-8, JSON, a valid
-record or a known operation is skipped and reported with its 1-based line
-number; a repeated id of a live record keeps its first occurrence (and is reported, in
-``memory-stats`` only, when the repeat's content differs: the same line twice is no problem).
+What the lines mean, and the state they amount to, is ``nubos_memory/log.py``; this module only
+carries them: reading what was appended since a :class:`FileCursor` (or all of it again, when the
+file was replaced or hand-edited), appending a change durably, and settling a crashed writer's
+leftovers by appending (the log's module docstring says how).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError
 from ..faults import armed, crash_point
 from ..fsio import FILE_MODE, JSONDecodeError, dumps, fsync_dir, loads, open_regular
-from ..limits import MAX_REASON
-from ..records import now_iso, read_record
+from ..log import LogScan, classify, feed, frame, restart
+from ..records import now_iso
 from ..types import Record
 
-MAX_LINE = 1 << 20  # bytes; a longer line is reported, never parsed
-MAX_GROUP = 1_000_000
-EXCERPT = 80
-GUARD = 4096
-MAX_REPORTED = 1000  # problems of one kind kept in a scan (their total is always counted)
-
-GROUP_OPS = ("group", "commit", "rollback")
+GUARD = 4096  # bytes before the read point kept to tell that they are still the ones read
 
 
-@dataclass
-class LogScan:
-    """What reading ``records.jsonl`` found; :meth:`RecordLog.refresh` extends it as the file grows."""
+@dataclass(frozen=True)
+class FileCursor:
+    """Where ``records.jsonl`` was read to (``LogScan.applied``) and how to tell that the bytes before
+    that point are still the ones read: the file's inode and its last block before it."""
 
-    records: list[Record] = field(default_factory=list)  # every accepted record line, dead ones too
-    corrupt: list[dict[str, Any]] = field(default_factory=list)
-    duplicates: list[dict[str, Any]] = field(default_factory=list)
-    damaged_groups: list[dict[str, Any]] = field(default_factory=list)  # applied line by line, see docstring
-    stray_ops: list[dict[str, Any]] = field(default_factory=list)
-    rolled_back: list[dict[str, Any]] = field(default_factory=list)  # groups a crashed writer left, never applied
-    partial_tail: dict[str, Any] | None = None  # a write in progress, or a crash's leftovers
-    size: int = 0
-    lines: int = 0
-    # Where parsing stopped (just after the last applied line) and how to tell that the
-    # bytes before it are still the ones parsed (inode + the last block).
-    offset: int = 0
-    inode: int = -1  # the log's identity: the file's inode, the database namespace's epoch
-    cursor: int = 0  # the database store: the last sequence number parsed
-    guard: bytes = b""
-    generation: int = 0  # bumped on a full re-parse: positions of records may have changed
-    position: dict[str, int] = field(default_factory=dict)  # record id -> its latest index in ``records``
-    line_of: list[int] = field(default_factory=list)  # index in ``records`` -> 1-based line number
-    dead: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> why it is dead
-    deaths: list[int] = field(default_factory=list)  # dead indexes in the order they died
-    ops: int = 0  # operation lines applied (forget, group, commit, rollback)
-    repeats: int = 0  # lines that repeat a live record exactly (its id and content): nothing to report
-    redacted: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {at, reason, hashes} of redactions
-    redacted_present: list[int] = field(default_factory=list)  # lines of redacted content found again
-    redaction_checked: set[int] = field(default_factory=set)  # positions of a redacted id found not to match
-
-    def ids(self) -> set[str]:
-        """Ids of live records."""
-        return {rid for rid, pos in self.position.items() if pos not in self.dead}
-
-    def live(self, rid: str) -> int | None:
-        """The position of the live record with this id, if any."""
-        pos = self.position.get(rid)
-        return pos if pos is not None and pos not in self.dead else None
-
-    @property
-    def live_count(self) -> int:
-        return len(self.records) - len(self.dead)
-
-    def warnings(self, limit: int = 20) -> list[dict[str, Any]]:
-        """Damage worth telling every caller about, ``limit`` of each kind (``problems`` has all counts)."""
-        out = [{"code": "records-corrupt-line", **c} for c in self.corrupt[:limit]]
-        # (an id repeated with other content is said once, in memory-stats: problems(); not on every answer)
-        out += [{"code": "records-group-damaged", **g} for g in self.damaged_groups[:limit]]
-        out += [{"code": "records-stray-op", **s} for s in self.stray_ops[:limit]]
-        if self.partial_tail is not None:
-            out.append({"code": "records-unfinished-write", **self.partial_tail,
-                        "message": "the end of records.jsonl is a write in progress or a crashed writer's "
-                                   "leftovers; it is not applied yet and is settled by the next write "
-                                   "(nothing complete is ever dropped)"})
-        return out
-
-    def problems(self) -> list[dict[str, Any]]:
-        """Every kind of damage, with its count and where it is (``memory-stats``)."""
-        out = []
-        for code, items, what in (
-            ("records-corrupt-line", self.corrupt, "line(s) that are not valid records or operations were skipped"),
-            ("records-duplicate-id", self.duplicates, "line(s) repeat the id of a live record with other content "
-                                                      "(no forget between them); the first is kept. To keep the "
-                                                      "first, run memory-compact (it drops the later lines); to "
-                                                      "keep a later one, memory-forget the id and memory-add that "
-                                                      "version again"),
-            ("records-group-damaged", self.damaged_groups, "change(s) of several lines are damaged (a hand edit?); "
-                                                           "their lines were applied one by one"),
-            ("records-stray-op", self.stray_ops, "group/commit/rollback line(s) belong to no change; ignored"),
-        ):
-            if items:
-                out.append({"code": code, "message": f"{len(items)} {what}", "count": len(items),
-                            "lines": [i["line"] for i in items[:50]]})
-        if self.partial_tail is not None:
-            out.append({"code": "records-unfinished-write", "message": "records.jsonl ends in an unfinished write "
-                        f"from line {self.partial_tail['line']}; the next write settles it", **self.partial_tail})
-        return out
-
-
-def line_hash(raw: bytes) -> str:
-    """What a ``redact`` line records of the line it replaced: enough to know that line again, nothing
-    of its content."""
-    return hashlib.sha256(raw.rstrip(b"\r\n")).hexdigest()[:32]
-
-
-def _note_redaction(scan: "LogScan", op: dict[str, Any]) -> None:
-    info = scan.redacted.setdefault(op["id"], {"at": op.get("at"), "reason": op.get("reason"), "hashes": set()})
-    info["hashes"].add(op["line_sha256"])
-
-
-def redact_lines(lines: list[bytes], ids: set[str], reason: str,
-                 only: dict[str, set[str]] | None = None) -> tuple[list[bytes], list[str]]:
-    """``lines`` (each with its newline) with every record line of ``ids`` replaced by a ``redact``
-    line, and the ids whose lines were found.  With ``only`` (id -> line hashes), just the lines an
-    earlier redaction named: a later record with the same id and other content is a new record."""
-    at = now_iso()
-    needles = [rid.encode() for rid in ids]
-    out, found = [], []
-    for raw in lines:
-        if any(n in raw for n in needles):
-            kind, obj, _ = _classify(raw.rstrip(b"\r\n"))
-            if kind == "record" and obj["id"] in ids and (only is None or line_hash(raw) in only.get(obj["id"], ())):
-                raw = dumps({"op": "redact", "id": obj["id"], "line_sha256": line_hash(raw), "at": at,
-                             "reason": reason}) + b"\n"
-                found.append(obj["id"])
-        out.append(raw)
-    return out, found
-
-
-def same_content(a: Record, b: Record) -> bool:
-    """Whether two lines hold the same record, when written at different times (``created_at``)."""
-    return {k: v for k, v in a.items() if k != "created_at"} == {k: v for k, v in b.items() if k != "created_at"}
-
-
-def _excerpt(raw: bytes) -> str:
-    return raw[:EXCERPT].decode("utf-8", "replace")
-
-
-def forget_op(rid: str, reason: str = "forgotten") -> dict[str, Any]:
-    """The log line that retires a record."""
-    return {"op": "forget", "id": rid, "at": now_iso(), "reason": reason}
-
-
-def _gid(obj: dict[str, Any]) -> str | None:
-    gid = obj.get("gid")
-    return gid if isinstance(gid, str) else None
-
-
-def _classify(raw: bytes) -> tuple[str, Any, str | None]:
-    """``(kind, parsed, reason)``: kind is record, forget, group, commit, rollback or corrupt."""
-    if len(raw) > MAX_LINE:
-        return "corrupt", None, f"line longer than {MAX_LINE} bytes"
-    try:
-        obj = loads(raw)
-    except JSONDecodeError as exc:
-        return "corrupt", None, "invalid UTF-8" if "utf-8" in str(exc).lower() else "invalid JSON"
-    if type(obj) is dict and "op" in obj:
-        op = obj.get("op")
-        if op == "group":
-            count = obj.get("lines")
-            if type(count) is int and 0 < count <= MAX_GROUP:
-                return "group", obj, None
-            return "corrupt", None, "group: lines must be a positive integer"
-        if op in ("commit", "rollback"):
-            return op, obj, None
-        if op == "forget":
-            if type(obj.get("id")) is str and obj["id"]:
-                return "forget", obj, None
-            return "corrupt", None, "forget: id must be a non-empty string"
-        if op == "redact":
-            if type(obj.get("id")) is str and obj["id"] and type(obj.get("line_sha256")) is str:
-                return "redact", obj, None
-            return "corrupt", None, "redact: id and line_sha256 must be strings"
-        return "corrupt", None, f"unknown op {str(op)[:40]!r}"
-    rec, err = read_record(obj)
-    if err is not None:
-        return "corrupt", None, f"{err['code']}: {err['message']}"
-    return "record", rec, None
-
-
-@dataclass
-class _Group:
-    """A group being read: its lines are applied at its end (or never, if rolled back)."""
-
-    line: int  # of the header
-    declared: int
-    gid: str | None
-    start: int  # byte offset (in the parsed buffer) of the header
-    members: list[tuple[str, Any, int, bytes]] = field(default_factory=list)  # (kind, obj, line, raw)
-    notes: list[dict[str, Any]] = field(default_factory=list)  # stray ops met inside, reported on close
-
-    @property
-    def awaiting_commit(self) -> bool:
-        return self.gid is not None and len(self.members) >= self.declared
+    inode: int
+    guard: bytes
 
 
 class RecordLog:
@@ -281,17 +56,19 @@ class RecordLog:
         except OSError as exc:
             raise StoreError(f"cannot read {self.path.name}: {exc.strerror}", code="records-unreadable",
                              details={"path": str(self.path)}) from None
+        cursor = scan.cursor if scan is not None and isinstance(scan.cursor, FileCursor) else None
         try:
             st = os.fstat(fd)
             with os.fdopen(fd, "rb", closefd=False) as f:
-                if scan is not None and scan.inode == st.st_ino and scan.offset <= st.st_size:
-                    back = min(GUARD, scan.offset)
-                    f.seek(scan.offset - back)
+                if scan is not None and cursor is not None and cursor.inode == st.st_ino \
+                        and scan.applied <= st.st_size:
+                    back = min(GUARD, scan.applied)
+                    f.seek(scan.applied - back)
                     data = f.read()
-                    if data[:back] == scan.guard:
-                        if len(data) - back == scan.size - scan.offset and scan.size == st.st_size:
+                    if data[:back] == cursor.guard:
+                        if len(data) - back == scan.size - scan.applied and scan.size == st.st_size:
                             return scan  # unchanged
-                        self._parse(scan, data, back)
+                        self._feed(scan, data, back, st.st_ino)
                         return scan
                     f.seek(0)
                     data = f.read()
@@ -299,165 +76,22 @@ class RecordLog:
                     data = f.read()
         finally:
             os.close(fd)
-        fresh = LogScan(inode=st.st_ino, generation=(scan.generation + 1) if scan is not None else 0)
-        self._parse(fresh, data, 0)
+        fresh = restart(scan)
+        self._feed(fresh, data, 0, st.st_ino)
         return fresh
 
-    def parse(self, scan: LogScan, data: bytes) -> None:
-        """Parse whole lines appended after what ``scan`` covers (a store that is not a file hands
-        its lines over here, so every store reads the log the same way)."""
-        self._parse(scan, data, 0)
-
-    def _parse(self, scan: LogScan, data: bytes, start: int) -> None:
-        """Parse ``data[start:]``, which begins at ``scan.offset`` in the file."""
-        base = scan.offset - start
-        end = data.rfind(b"\n") + 1
-        if b'"redact"' in data[start:end]:  # know every redaction first: a line it names may come before it
-            for raw in data[start:end].split(b"\n"):
-                if b'"redact"' in raw:
-                    kind, obj, _ = _classify(raw)
-                    if kind == "redact":
-                        _note_redaction(scan, obj)
-        scan.size = base + len(data)
-        number = scan.lines
-        pos = start
-        settled, settled_lines = start, number  # applied bytes end here, after this many lines
-        group: _Group | None = None
-        while pos < end:
-            nl = data.index(b"\n", pos)
-            raw = data[pos:nl]
-            line_start, pos = pos, nl + 1
-            number += 1
-            if not raw or raw.isspace():
-                if group is None:
-                    settled, settled_lines = pos, number
-                continue
-            kind, obj, reason = _classify(raw)
-            if group is not None:
-                if group.awaiting_commit and not (kind == "commit" and _gid(obj) == group.gid):
-                    self._close(scan, group, "no commit line after its lines")
-                    group = None  # and this line is read as if no group were open
-                elif kind == "commit" or kind == "rollback":
-                    if _gid(obj) == group.gid:
-                        if kind == "commit":
-                            self._close(scan, group, None)
-                        else:
-                            self._close(scan, group, None, apply=False, end_line=number)
-                        scan.ops += 1
-                        group = None
-                        settled, settled_lines = pos, number
-                    else:
-                        group.notes.append({"line": number, "op": kind})
-                    continue
-                elif kind == "group":
-                    self._close(scan, group, "a new change began before its commit line")
-                    group = None
-                else:
-                    group.members.append((kind, obj if kind != "corrupt" else reason, number, raw))
-                    if group.gid is None and len(group.members) >= group.declared:  # a group of the old format
-                        self._close(scan, group, None)
-                        group = None
-                        settled, settled_lines = pos, number
-                    continue
-            if kind == "group":
-                group = _Group(line=number, declared=obj["lines"], gid=_gid(obj), start=line_start)
-                continue
-            self._apply(scan, kind, obj, reason, number, raw)
-            settled, settled_lines = pos, number
-        if group is not None:  # open at the end of the file: a write in progress
-            settled, settled_lines = group.start, group.line - 1
-        scan.lines = settled_lines
-        tail = data[max(settled, start):]
-        if tail:
-            scan.partial_tail = {"line": settled_lines + 1, "bytes": len(tail), "excerpt": _excerpt(tail)}
-            if group is not None:
-                scan.partial_tail["open_group"] = {"line": group.line, "lines": group.declared, "gid": group.gid,
-                                                   "present": len(group.members)}
-        else:
-            scan.partial_tail = None
-        if settled > start:
-            scan.offset = base + settled
-            scan.guard = data[max(0, settled - GUARD):settled]
-
-    def _apply(self, scan: LogScan, kind: str, obj: Any, reason: str | None, number: int, raw: bytes) -> None:
-        if kind == "record":
-            redactions = scan.redacted.get(obj["id"])
-            if redactions is not None and line_hash(raw) in redactions["hashes"]:
-                scan.redacted_present.append(number)  # redacted text came back (a merge): never read
-                return
-            self._record(scan, obj, number)
-            if redactions is not None and scan.position.get(obj["id"]) == len(scan.records) - 1:
-                scan.redaction_checked.add(len(scan.records) - 1)  # redacted before, other content: a new record
-        elif kind == "forget":
-            self._forget(scan, obj, number)
-            scan.ops += 1
-        elif kind == "redact":
-            _note_redaction(scan, obj)
-            target = scan.live(obj["id"])
-            if target is not None and target not in scan.redaction_checked:  # read before its redaction was known
-                scan.dead[target] = {"line": number, "reason": "redacted", "at": obj.get("at")}
-                scan.deaths.append(target)
-                scan.redacted_present.append(scan.line_of[target])
-            scan.ops += 1
-        elif kind in GROUP_OPS:
-            _note(scan.stray_ops, {"line": number, "op": kind})
-        else:
-            _note(scan.corrupt, {"line": number, "reason": reason, "excerpt": _excerpt(raw)})
-
-    def _close(self, scan: LogScan, group: _Group, damage: str | None, *, apply: bool = True,
-               end_line: int | None = None) -> None:
-        """End a group: apply its lines (or, rolled back, record that they were never applied)."""
-        scan.ops += 1  # its header (a commit or rollback line is counted by the caller)
-        if not apply:
-            last = group.members[-1][2] if group.members else group.line
-            _note(scan.rolled_back, {"line": group.line, "lines": len(group.members), "through": last,
-                                     "rollback_line": end_line})
-            return
-        if damage is None and group.gid is not None and len(group.members) != group.declared:
-            damage = f"{len(group.members)} line(s) where the header declared {group.declared}"
-        if damage is not None:
-            _note(scan.damaged_groups, {"line": group.line, "declared": group.declared,
-                                        "found": len(group.members), "problem": damage})
-        for note in group.notes:
-            _note(scan.stray_ops, note)
-        for kind, obj, number, raw in group.members:
-            self._apply(scan, kind, obj if kind != "corrupt" else None, obj if kind == "corrupt" else None,
-                        number, raw)
-
     @staticmethod
-    def _record(scan: LogScan, rec: Record, number: int) -> None:
-        rid = rec["id"]
-        first = scan.position.get(rid)
-        if first is not None and first not in scan.dead:
-            if not same_content(scan.records[first], rec):  # the same line twice (two teammates ingested one
-                _note(scan.duplicates, {"line": number, "id": rid, "first_line": scan.line_of[first]})  # file)
-            else:  # is no problem worth a word
-                scan.repeats += 1
-            return
-        at = len(scan.records)
-        scan.position[rid] = at
-        scan.records.append(rec)
-        scan.line_of.append(number)
-        old = rec.get("supersedes")
-        if old is not None:
-            replaced = scan.live(old)
-            if replaced is not None and replaced != at:
-                scan.dead[replaced] = {"line": number, "reason": "superseded", "by": rid}
-                scan.deaths.append(replaced)
-
-    @staticmethod
-    def _forget(scan: LogScan, op: dict[str, Any], number: int) -> None:
-        target = scan.live(op["id"])
-        if target is not None:
-            reason = op.get("reason")
-            why = reason[:MAX_REASON] if isinstance(reason, str) else "forgotten"
-            scan.dead[target] = {"line": number, "reason": why, "at": op.get("at")}
-            scan.deaths.append(target)
+    def _feed(scan: LogScan, data: bytes, back: int, inode: int) -> None:
+        """Apply ``data[back:]`` (``data[:back]``: the guard, the bytes before ``scan.applied``) and note
+        where this file was read to: its inode and the last block before that point."""
+        settled = back + feed(scan, data[back:])
+        cursor = scan.cursor if isinstance(scan.cursor, FileCursor) and settled == back else None
+        scan.cursor = cursor or FileCursor(inode, data[max(0, settled - GUARD):settled])
 
     def recover_tail(self, scan: LogScan) -> dict[str, Any] | None:
         """Under the lock, with ``scan`` just refreshed: settle what a crashed writer left.
 
-        Everything after ``scan.offset`` was never acknowledged to its writer
+        Everything after ``scan.applied`` was never acknowledged to its writer
         (no writer is running: we hold the lock).  See the module docstring
         for what is done; nothing complete is ever removed.  Returns what was
         done, or None when there was nothing to settle.
@@ -469,11 +103,11 @@ class RecordLog:
             size = self.path.stat().st_size
         except FileNotFoundError:
             return None
-        if size <= scan.offset:
+        if size <= scan.applied:
             return None
         with open(self.path, "rb") as f:
-            f.seek(scan.offset)
-            fragment = f.read(size - scan.offset)
+            f.seek(scan.applied)
+            fragment = f.read(size - scan.applied)
         complete = fragment.rfind(b"\n") + 1
         torn = fragment[complete:]
         out: dict[str, Any] = {"line": tail["line"]}
@@ -484,12 +118,12 @@ class RecordLog:
                 obj = loads(torn)
             except JSONDecodeError:
                 pass
-            kind = _classify(torn)[0] if obj is not None else "corrupt"
+            kind = classify(torn)[0] if obj is not None else "corrupt"
             if kind in ("record", "forget", "redact", "commit", "rollback"):
                 self._append_bytes(b"\n")  # only the newline was lost
                 out.update(action="completed", id=obj.get("id") if kind == "record" else None)
             else:
-                self._set_aside(scan.offset + complete, torn)
+                self._set_aside(scan.applied + complete, torn)
                 out.update(action="set-aside", bytes=len(torn), saved_to=self.path.name + ".torn")
                 cut = True
         group = tail.get("open_group")
@@ -521,19 +155,9 @@ class RecordLog:
         More than one line is written as a group (header, lines, commit), so
         readers see all of it or none.
         """
-        lines = self.lines(records, ops)
+        lines = frame(records, ops)
         if lines:
             self._append_bytes(b"\n".join(lines) + b"\n")
-
-    @staticmethod
-    def lines(records: Sequence[Record], ops: Sequence[dict[str, Any]] = ()) -> list[bytes]:
-        """The lines of one change: more than one line is a group (header, lines, commit line)."""
-        lines = [dumps(r) for r in records] + [dumps(o) for o in ops]
-        if len(lines) > 1:
-            gid = secrets.token_hex(6)
-            lines.insert(0, dumps({"op": "group", "lines": len(lines), "gid": gid}))
-            lines.append(dumps({"op": "commit", "gid": gid}))
-        return lines
 
     def _append_bytes(self, data: bytes) -> None:
         created = not self.path.exists()
@@ -552,11 +176,3 @@ class RecordLog:
             os.close(fd)
         if created:
             fsync_dir(self.path.parent)
-
-
-def _note(items: list[dict[str, Any]], item: dict[str, Any]) -> None:
-    """Keep a problem (the first ``MAX_REPORTED`` of a kind in full; later ones only counted)."""
-    if len(items) < MAX_REPORTED:
-        items.append(item)
-    else:
-        items.append({"line": item["line"]})

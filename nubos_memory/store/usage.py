@@ -22,6 +22,7 @@ import re
 import time
 from pathlib import Path
 
+from .. import codes
 from ..errors import InputError
 from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, loads, open_regular, read_regular
 
@@ -38,7 +39,7 @@ def parse_duration(text: str) -> float:
     """``90d``, ``12h``, ``2w``, ``30m``, ``45s`` → seconds."""
     m = _DURATION.match(str(text).strip().lower())
     if not m or float(m.group(1)) <= 0:
-        raise InputError(f"not a duration: {text!r} (use e.g. 90d, 12h, 2w)", code="duration-invalid",
+        raise InputError(f"not a duration: {text!r} (use e.g. 90d, 12h, 2w)", code=codes.DURATION_INVALID,
                          details={"value": text})
     return float(m.group(1)) * _UNIT[m.group(2)]
 
