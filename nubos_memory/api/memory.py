@@ -43,8 +43,7 @@ from ..records import (
     validate_batch,
 )
 from ..search.snapshot import Snapshot
-from ..store import open_store
-from ..store.usage import parse_duration
+from ..store import open_store, parse_duration
 from .vectorsync import VectorSync
 from .writepath import WritePath, history, save_lexical, settled_scan
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .usage import parse_duration
+
 if TYPE_CHECKING:
     from ..config import Project
     from .base import Store
@@ -22,3 +24,6 @@ def open_store(project: "Project") -> "Store":
     from .files import FileStore
 
     return FileStore(project, project.config.lock_timeout)
+
+
+__all__ = ["open_store", "parse_duration"]
