@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from . import codes
 from .errors import ConfigError
 from .fsio import JSONDecodeError, loads, read_regular
 from .limits import BACKENDS, BASE_TYPES, CONTEXTS, DEFAULT_MODEL, DEVICES, FUSIONS, PROVIDERS, RUNTIMES
@@ -85,7 +86,7 @@ class MemoryConfig:
 def _bad(key: str, value: Any, expected: str) -> ConfigError:
     return ConfigError(
         f"memory.{key} must be {expected}, got {value!r}",
-        code="config-invalid-value",
+        code=codes.CONFIG_INVALID_VALUE,
         details={"key": f"memory.{key}", "value": value, "expected": expected},
     )
 
@@ -106,13 +107,13 @@ def _postgres(value: Any) -> PostgresConfig:
         raise ConfigError("memory.postgres.dsn_env is not taken from a project's config (a cloned repository could "
                           "name any variable of your environment and have it printed); set "
                           f"{DSN_ENV_SETTING}=NAME in the environment, or \"postgres_dsn_env\" in "
-                          "~/.config/nubos-memory/settings.json", code="config-invalid-value",
+                          "~/.config/nubos-memory/settings.json", code=codes.CONFIG_INVALID_VALUE,
                           details={"key": "memory.postgres.dsn_env"})
     if not isinstance(value, dict) or set(value) - set(POSTGRES_KEYS):
         keys = sorted(str(k)[:64] for k in value) if isinstance(value, dict) else None
         raise ConfigError(f"memory.postgres must be an object with {', '.join(POSTGRES_KEYS)} (the connection "
                           "string itself goes in the environment, never in config.json)",
-                          code="config-invalid-value", details={"key": "memory.postgres", "keys": keys})
+                          code=codes.CONFIG_INVALID_VALUE, details={"key": "memory.postgres", "keys": keys})
     namespace = value.get("namespace")
     if namespace is not None and not (isinstance(namespace, str) and NAMESPACE_PATTERN.fullmatch(namespace)):
         raise _bad("postgres.namespace", namespace, "1-128 letters, digits, '.', '_' or '-'")
@@ -140,7 +141,7 @@ def validate_section(raw: dict[str, Any], root: Path | None = None) -> MemoryCon
     if unknown:
         raise ConfigError(
             f"unknown key(s) in memory config: {', '.join(unknown)}",
-            code="config-unknown-key",
+            code=codes.CONFIG_UNKNOWN_KEY,
             details={"unknown": unknown, "known": sorted(known)},
         )
     out: dict[str, Any] = {}
@@ -218,7 +219,7 @@ def find_root(explicit: str | os.PathLike[str] | None = None, cwd: Path | None =
         if not found:
             raise ConfigError(
                 f"project root {str(root)[:200]!r} is not a folder",
-                code="project-not-found",
+                code=codes.PROJECT_NOT_FOUND,
                 details={"root": str(root)},
             )
         return root.resolve()
@@ -237,17 +238,17 @@ def read_config_file(path: Path) -> dict[str, Any] | None:
         return None
     except OSError as exc:
         why = "it is a symlink" if path.is_symlink() else exc.strerror
-        raise ConfigError(f"cannot read {path}: {why}", code="config-invalid", details={"path": str(path)}) from None
+        raise ConfigError(f"cannot read {path}: {why}", code=codes.CONFIG_INVALID, details={"path": str(path)}) from None
     if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark, as some editors on Windows write
         data = data[3:]
     try:
         doc = loads(data)
     except JSONDecodeError as exc:
         raise ConfigError(
-            f"{path} is not valid JSON: {exc}", code="config-invalid-json", details={"path": str(path)}
+            f"{path} is not valid JSON: {exc}", code=codes.CONFIG_INVALID_JSON, details={"path": str(path)}
         ) from None
     if not isinstance(doc, dict):
-        raise ConfigError(f"{path} must hold a JSON object", code="config-invalid-json", details={"path": str(path)})
+        raise ConfigError(f"{path} must hold a JSON object", code=codes.CONFIG_INVALID_JSON, details={"path": str(path)})
     return doc
 
 

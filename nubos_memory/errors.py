@@ -33,12 +33,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from . import codes
+
 
 class NubosMemoryError(Exception):
     """Base error: a stable ``code``, a ``message`` and ``details``."""
 
     exit_code = 1
-    default_code = "error"
+    default_code = codes.ERROR
 
     def __init__(self, message: str, *, code: str | None = None, details: dict[str, Any] | None = None):
         super().__init__(message)
@@ -55,77 +57,77 @@ class UsageError(NubosMemoryError):
     """Bad command-line or tool usage: missing, unknown or malformed arguments."""
 
     exit_code = 2
-    default_code = "usage"
+    default_code = codes.USAGE
 
 
 class ConfigError(NubosMemoryError):
     """The project's ``.nubos-pilot/config.json`` is unreadable or invalid."""
 
     exit_code = 3
-    default_code = "config-invalid"
+    default_code = codes.CONFIG_INVALID
 
 
 class DisabledError(NubosMemoryError):
     """``memory.enabled`` is false (the default): nothing is loaded or written."""
 
     exit_code = 4
-    default_code = "memory-disabled"
+    default_code = codes.MEMORY_DISABLED
 
 
 class InputError(NubosMemoryError):
     """A record, batch, records file or query text the user gave is invalid."""
 
     exit_code = 5
-    default_code = "input-invalid"
+    default_code = codes.INPUT_INVALID
 
 
 class LockTimeout(NubosMemoryError):
     """Another live process held the memory's write lock for too long."""
 
     exit_code = 6
-    default_code = "lock-timeout"
+    default_code = codes.LOCK_TIMEOUT
 
 
 class StoreError(NubosMemoryError):
     """A file of the memory folder (or the store's server) is missing, corrupt or unusable."""
 
     exit_code = 7
-    default_code = "store-error"
+    default_code = codes.STORE_ERROR
 
 
 class EmbeddingError(NubosMemoryError):
     """The embedding model could not be loaded or failed to embed."""
 
     exit_code = 8
-    default_code = "embedding-unavailable"
+    default_code = codes.EMBEDDING_UNAVAILABLE
 
 
 class RebuildRequired(NubosMemoryError):
     """The index was built with another embedding fingerprint; run ``memory-rebuild``."""
 
     exit_code = 9
-    default_code = "memory-rebuild-required"
+    default_code = codes.MEMORY_REBUILD_REQUIRED
 
 
 class InternalError(NubosMemoryError):
     """A bug: an exception nobody expected.  Still one JSON error, never a bare traceback."""
 
     exit_code = 70
-    default_code = "internal-error"
+    default_code = codes.INTERNAL_ERROR
 
 
 class IOFailure(NubosMemoryError):
     """The operating system refused a read or write outside the library's own handling."""
 
     exit_code = 74
-    default_code = "io-error"
+    default_code = codes.IO_ERROR
 
 
 class Interrupted(NubosMemoryError):
     """The user interrupted the verb (Ctrl-C)."""
 
     exit_code = 130
-    default_code = "interrupted"
+    default_code = codes.INTERRUPTED
 
 
 ERROR_CLASSES: tuple[type[NubosMemoryError], ...] = (

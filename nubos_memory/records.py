@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, cast
 
+from . import codes
 from .errors import InputError
 from .limits import (
     ID_PATTERN,
@@ -157,6 +158,12 @@ def lexical_text(record: Record) -> str:
     return "\n".join((record["title"], record.get("body") or "", " ".join(record.get("tags") or ())))
 
 
+# The codes of the fields _single_line and _utf8 check: one code per field (codes.py).
+_INVALID = {"title": codes.RECORD_INVALID_TITLE, "body": codes.RECORD_INVALID_BODY, "tags": codes.RECORD_INVALID_TAGS,
+            "phase": codes.RECORD_INVALID_PHASE, "heading": codes.RECORD_INVALID_HEADING}
+_MISSING = {"title": codes.RECORD_MISSING_TITLE}
+
+
 class _Fail(Exception):
     def __init__(self, code: str, message: str, field: str):
         self.code, self.message, self.field = code, message, field
@@ -166,24 +173,24 @@ def _utf8(value: str, field: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise _Fail(f"record-invalid-{field}", f"{field} is not valid Unicode text", field) from None
+        raise _Fail(_INVALID[field], f"{field} is not valid Unicode text", field) from None
 
 
 def _single_line(value: Any, field: str, limit: int, *, required: bool) -> str | None:
     if value is None:
         if required:
-            raise _Fail(f"record-missing-{field}", f"{field} is required", field)
+            raise _Fail(_MISSING[field], f"{field} is required", field)
         return None
     if not isinstance(value, str):
-        raise _Fail(f"record-invalid-{field}", f"{field} must be a string", field)
+        raise _Fail(_INVALID[field], f"{field} must be a string", field)
     _utf8(value, field)
     value = value.strip()
     if not value and required:
-        raise _Fail(f"record-missing-{field}", f"{field} must not be empty", field)
+        raise _Fail(_MISSING[field], f"{field} must not be empty", field)
     if len(value) > limit:
-        raise _Fail("record-too-large", f"{field} is longer than {limit} characters", field)
+        raise _Fail(codes.RECORD_TOO_LARGE, f"{field} is longer than {limit} characters", field)
     if _CONTROL.search(value):
-        raise _Fail(f"record-invalid-{field}", f"{field} must not contain control characters", field)
+        raise _Fail(_INVALID[field], f"{field} must not contain control characters", field)
     return value or None
 
 
@@ -191,18 +198,18 @@ def _tags(value: Any) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise _Fail("record-invalid-tags", "tags must be a list of strings", "tags")
+        raise _Fail(codes.RECORD_INVALID_TAGS, "tags must be a list of strings", "tags")
     if len(value) > MAX_TAGS:
-        raise _Fail("record-invalid-tags", f"at most {MAX_TAGS} tags", "tags")
+        raise _Fail(codes.RECORD_INVALID_TAGS, f"at most {MAX_TAGS} tags", "tags")
     out: list[str] = []
     for tag in value:
         if not isinstance(tag, str):
-            raise _Fail("record-invalid-tags", "every tag must be a string", "tags")
+            raise _Fail(codes.RECORD_INVALID_TAGS, "every tag must be a string", "tags")
         _utf8(tag, "tags")
         tag = tag.strip()
         if not tag or len(tag) > MAX_TAG or "," in tag or _CONTROL.search(tag):
             raise _Fail(
-                "record-invalid-tags",
+                codes.RECORD_INVALID_TAGS,
                 f"tag {tag!r} must be 1-{MAX_TAG} characters without commas or control characters",
                 "tags",
             )
@@ -216,13 +223,13 @@ def _optional(raw: dict[str, Any], out: dict[str, Any]) -> None:
     source = raw.get("source_file")
     if source is not None:
         if not isinstance(source, str) or not source.strip() or len(source) > MAX_SOURCE or _CONTROL.search(source):
-            raise _Fail("record-invalid-source-file", f"source_file must be a path of 1-{MAX_SOURCE} characters",
+            raise _Fail(codes.RECORD_INVALID_SOURCE_FILE, f"source_file must be a path of 1-{MAX_SOURCE} characters",
                         "source_file")
         out["source_file"] = source
     index = raw.get("chunk_index")
     if index is not None:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= MAX_CHUNK_INDEX:
-            raise _Fail("record-invalid-chunk-index", "chunk_index must be a non-negative integer", "chunk_index")
+            raise _Fail(codes.RECORD_INVALID_CHUNK_INDEX, "chunk_index must be a non-negative integer", "chunk_index")
         out["chunk_index"] = index
     heading = _single_line(raw.get("heading"), "heading", MAX_TITLE, required=False)
     if heading is not None:
@@ -230,12 +237,12 @@ def _optional(raw: dict[str, Any], out: dict[str, Any]) -> None:
     importance = raw.get("importance")
     if importance is not None:
         if not valid_importance(importance):
-            raise _Fail("record-invalid-importance", "importance must be a number from 0 to 1", "importance")
+            raise _Fail(codes.RECORD_INVALID_IMPORTANCE, "importance must be a number from 0 to 1", "importance")
         out["importance"] = float(importance)
     replaces = raw.get("supersedes")
     if replaces is not None:
         if not valid_id(replaces):
-            raise _Fail("record-invalid-supersedes", "supersedes must be the id of the record this one replaces",
+            raise _Fail(codes.RECORD_INVALID_SUPERSEDES, "supersedes must be the id of the record this one replaces",
                         "supersedes")
         out["supersedes"] = replaces
 
@@ -244,13 +251,13 @@ def _created_at(value: Any, stored: bool) -> str | None:
     if value is None:
         return None if stored else now_iso()
     if not isinstance(value, str) or len(value) > 64:
-        raise _Fail("record-invalid-created-at", "created_at must be an ISO-8601 string", "created_at")
+        raise _Fail(codes.RECORD_INVALID_CREATED_AT, "created_at must be an ISO-8601 string", "created_at")
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise _Fail("record-invalid-created-at", f"created_at {value!r} is not ISO-8601", "created_at") from None
+        raise _Fail(codes.RECORD_INVALID_CREATED_AT, f"created_at {value!r} is not ISO-8601", "created_at") from None
     if parsed.tzinfo is None:
-        raise _Fail("record-invalid-created-at", "created_at must carry a time zone (e.g. Z)", "created_at")
+        raise _Fail(codes.RECORD_INVALID_CREATED_AT, "created_at must carry a time zone (e.g. Z)", "created_at")
     return value
 
 
@@ -263,48 +270,48 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> Record:
     reading the same line twice gives the same record).
     """
     if not isinstance(raw, dict):
-        raise _Fail("record-not-object", "a record must be a JSON object", "record")
+        raise _Fail(codes.RECORD_NOT_OBJECT, "a record must be a JSON object", "record")
     unknown = sorted(set(raw) - set(FIELDS) - set(OPTIONAL_FIELDS))
     if unknown:
-        raise _Fail("record-unknown-field", f"unknown field(s): {', '.join(map(str, unknown))}", unknown[0])
+        raise _Fail(codes.RECORD_UNKNOWN_FIELD, f"unknown field(s): {', '.join(map(str, unknown))}", unknown[0])
     rid = raw.get("id")
     if rid is None:
         rid = str(uuid.uuid4()) if types is not None else ""  # read from the log: derived below
     elif not valid_id(rid):
         raise _Fail(
-            "record-invalid-id",
+            codes.RECORD_INVALID_ID,
             f"id must be 1-{MAX_ID} characters of letters, digits and ._:@/+- starting with a letter or digit",
             "id",
         )
     rtype = raw.get("type")
     if rtype is None:
-        raise _Fail("record-missing-type", "type is required", "type")
+        raise _Fail(codes.RECORD_MISSING_TYPE, "type is required", "type")
     allowed = tuple(types) if types is not None else None
     if not isinstance(rtype, str) or (allowed is not None and rtype not in allowed) or not rtype.isidentifier():
         expected = f"one of {list(allowed)}" if allowed is not None else "a word"
-        raise _Fail("record-invalid-type", f"type must be {expected}, got {rtype!r}", "type")
+        raise _Fail(codes.RECORD_INVALID_TYPE, f"type must be {expected}, got {rtype!r}", "type")
     title, body = raw.get("title"), raw.get("body")
     if body is None:
         body = ""
     if not isinstance(body, str):
-        raise _Fail("record-invalid-body", "body must be a string", "body")
+        raise _Fail(codes.RECORD_INVALID_BODY, "body must be a string", "body")
     _utf8(body, "body")
     if types is not None and isinstance(title, str):  # a write: reasoning never reaches the store
         _utf8(title, "title")
         clean_title, clean_body = strip_reasoning(title), strip_reasoning(body)
         if (clean_title, clean_body) != (title, body) and not clean_title.strip() and not clean_body.strip():
-            raise _Fail("record-only-reasoning", "the record holds only reasoning blocks (<think>, <scratch_pad>); "
+            raise _Fail(codes.RECORD_ONLY_REASONING, "the record holds only reasoning blocks (<think>, <scratch_pad>); "
                         "nothing is stored", "record")
         title, body = clean_title, clean_body
     title = _single_line(title, "title", MAX_TITLE, required=True)
     if len(body) > MAX_BODY:
-        raise _Fail("record-too-large", f"body is longer than {MAX_BODY} characters", "body")
+        raise _Fail(codes.RECORD_TOO_LARGE, f"body is longer than {MAX_BODY} characters", "body")
     phase = _single_line(raw.get("phase"), "phase", MAX_PHASE, required=False)
     prov = raw.get("provenance")
     if prov is not None:
         if not isinstance(prov, str) or prov.upper() not in PROVENANCES:
             raise _Fail(
-                "record-invalid-provenance", f"provenance must be one of {list(PROVENANCES)} or null", "provenance"
+                codes.RECORD_INVALID_PROVENANCE, f"provenance must be one of {list(PROVENANCES)} or null", "provenance"
             )
         prov = prov.upper()
     out: dict[str, Any] = {
@@ -321,7 +328,7 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> Record:
     if not rid:  # a hand-written line without an id: the same line always gets the same id
         out["id"] = rid = derived_id(out)
     if out.get("supersedes") == rid:
-        raise _Fail("record-invalid-supersedes", "a record cannot supersede itself", "supersedes")
+        raise _Fail(codes.RECORD_INVALID_SUPERSEDES, "a record cannot supersede itself", "supersedes")
     return cast(Record, out)
 
 
@@ -347,7 +354,7 @@ def validate_batch(raws: list[Any], types: Iterable[str]) -> list[Record]:
     """
     types = tuple(types)
     if len(raws) > MAX_BATCH:
-        raise InputError(f"a batch holds at most {MAX_BATCH} records", code="batch-too-large",
+        raise InputError(f"a batch holds at most {MAX_BATCH} records", code=codes.BATCH_TOO_LARGE,
                          details={"count": len(raws), "limit": MAX_BATCH})
     out: list[Record] = []
     errors: list[dict[str, Any]] = []

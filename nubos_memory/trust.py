@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from . import userdirs
+from . import codes, userdirs
 
 KEY_ENV = "NUBOS_MEMORY_KEY_FILE"
 KEY_NAME = "derived-files.key"
@@ -84,7 +84,7 @@ def _find_key() -> tuple[bytes | None, list[dict[str, Any]]]:
     if explicit:
         path = Path(explicit)
         if not path.is_absolute():
-            notes.append({"code": "signing-key-refused", "path": explicit[:200],
+            notes.append({"code": codes.SIGNING_KEY_REFUSED, "path": explicit[:200],
                           "message": f"${KEY_ENV} must be an absolute path; it is not used"})
         else:
             data, why = _read_key(path)
@@ -92,7 +92,7 @@ def _find_key() -> tuple[bytes | None, list[dict[str, Any]]]:
                 data = _create_key(path)
             if data is not None:
                 return data, notes
-            notes.append({"code": "signing-key-refused", "path": str(path)[:200],
+            notes.append({"code": codes.SIGNING_KEY_REFUSED, "path": str(path)[:200],
                           "message": f"the signing key {path} {why or 'cannot be created'}; it is not used"})
     readable = userdirs.user_config_dir(write=False)
     for where in (readable, userdirs.user_config_dir(write=True)):
@@ -102,7 +102,7 @@ def _find_key() -> tuple[bytes | None, list[dict[str, Any]]]:
         if data is not None:
             return data, notes
         if why is not None:
-            notes.append({"code": "signing-key-refused", "path": str(where / KEY_NAME),
+            notes.append({"code": codes.SIGNING_KEY_REFUSED, "path": str(where / KEY_NAME),
                           "message": f"the signing key {where / KEY_NAME} {why}; it is not used"})
             continue
     writable = userdirs.user_config_dir(write=True)
@@ -110,7 +110,7 @@ def _find_key() -> tuple[bytes | None, list[dict[str, Any]]]:
         data = _create_key(writable / KEY_NAME)
         if data is not None:
             return data, notes
-    notes.append({"code": "signing-key-unavailable",
+    notes.append({"code": codes.SIGNING_KEY_UNAVAILABLE,
                   "message": "no signing key could be read or created (see memory-stats.user_folders), so no "
                              "derived file is trusted: vectors are computed from records.jsonl for each call and "
                              f"nothing derived is written. Fix: set ${KEY_ENV} to a file in a folder only you can "

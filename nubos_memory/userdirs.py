@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import codes
 from .fsio import JSONDecodeError, loads, read_regular
 
 DOWNLOADS_ENV = "NUBOS_MEMORY_ALLOW_DOWNLOADS"
@@ -181,13 +182,13 @@ def notices() -> list[dict[str, Any]]:
             why = refusal["why"]
             if why == "does not exist" or "read-only" in why or why.startswith("cannot be created"):
                 continue  # the usual place is not there or not writable: the documented fallback serves
-            out[("user-folder-unsafe", refusal["path"])] = {
-                "code": "user-folder-unsafe", "folder": kind, "path": refusal["path"],
+            out[(codes.USER_FOLDER_UNSAFE, refusal["path"])] = {
+                "code": codes.USER_FOLDER_UNSAFE, "folder": kind, "path": refusal["path"],
                 "message": f"the {kind} folder {refusal['path']} {why}; it is not used"
                            + ("" if found.path is None else f" ({found.path} is used instead)")}
         if found.path is None and write:
-            out[("user-folder-missing", kind)] = {
-                "code": "user-folder-missing", "folder": kind,
+            out[(codes.USER_FOLDER_MISSING, kind)] = {
+                "code": codes.USER_FOLDER_MISSING, "folder": kind,
                 "message": f"no safe, writable {kind} folder could be used (memory-stats.user_folders says what "
                            "was refused): " + ("derived files cannot be signed, so they are not trusted and "
                                                "vectors are computed for each call" if kind == "config" else

@@ -22,7 +22,7 @@ from .conftest import REPO
 
 PACKAGE = REPO / "nubos_memory"
 FOUNDATION = {"errors", "limits", "types", "fsio", "faults", "trust", "userdirs", "config", "records", "tokenize",
-              "progress"}
+              "progress", "codes"}
 LAYER = {"foundation": 0, "index": 1, "embed": 1, "store": 2, "search": 3, "ingest": 3, "api": 4, "interfaces": 5}
 # The package's front door re-exports the facade (lazily); ``python -m`` runs the CLI.
 ENTRY_POINTS = {"__init__", "__main__"}

@@ -9,13 +9,14 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Any
 
+from .. import codes
 from ..errors import RebuildRequired, StoreError
 from ..records import SCHEMA_VERSION
 from ..types import Stats
 
 # Problems that already say why vectors are missing (no separate "index-behind" then).
-VECTOR_BLOCKERS = ("memory-rebuild-required", "manifest-corrupt", "manifest-untrusted", "index-missing",
-                   "index-corrupt", "keymap-corrupt", "vectors-corrupt")
+VECTOR_BLOCKERS = (codes.MEMORY_REBUILD_REQUIRED, codes.MANIFEST_CORRUPT, codes.MANIFEST_UNTRUSTED,
+                   codes.INDEX_MISSING, codes.INDEX_CORRUPT, codes.KEYMAP_CORRUPT, codes.VECTORS_CORRUPT)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -74,25 +75,25 @@ def collect_stats(mem: "Memory") -> Stats:
 
         bad = int((~usable(index.vectors)).sum())
         if bad:
-            problems.append({"code": "vectors-invalid", "count": bad,
+            problems.append({"code": codes.VECTORS_INVALID, "count": bad,
                              "message": f"{bad} stored vector(s) are non-finite or zero (written by an older version "
                                         "from a broken model); memory-rebuild embeds those records again"})
     if index is not None and index_count is not None and index_count != keymap_count:
-        problems.append({"code": "index-keymap-mismatch",
+        problems.append({"code": codes.INDEX_KEYMAP_MISMATCH,
                          "message": f"index holds {index_count} vectors, keymap {keymap_count}"})
     problems += scan.problems()
     if scan.redacted_present:
-        problems.append({"code": "records-redacted-present", "count": len(scan.redacted_present),
+        problems.append({"code": codes.RECORDS_REDACTED_PRESENT, "count": len(scan.redacted_present),
                          "lines": scan.redacted_present[:50],
                          "message": f"{len(scan.redacted_present)} line(s) hold text that was redacted (a git merge or "
                                     "cherry-pick brought them back); they are never read, and the next write "
                                     "removes them again (or run memory-redact with their ids)"})
     if pending and not any(p["code"] in VECTOR_BLOCKERS for p in problems):
-        problems.append({"code": "index-behind", "count": pending,
+        problems.append({"code": codes.INDEX_BEHIND, "count": pending,
                          "message": f"{pending} live record(s) have no vector yet; the next write or query "
                                     "embeds them, or run memory-rebuild"})
     if stale:
-        problems.append({"code": "index-stale", "count": stale,
+        problems.append({"code": codes.INDEX_STALE, "count": stale,
                          "message": f"the index holds {stale} vector(s) of ids the log does not hold (a hand edit); "
                                     "memory-rebuild drops them"})
     embedding = (manifest or {}).get("embedding") or {}
@@ -148,7 +149,7 @@ def collect_stats(mem: "Memory") -> Stats:
     models = where.get("models") or {}
     active = sorted(fp for fp, m in models.items() if m.get("recent"))
     if len(active) > 1:
-        problems.append({"code": "team-models-differ", "fingerprints": active,
+        problems.append({"code": codes.TEAM_MODELS_DIFFER, "fingerprints": active,
                          "message": f"machines of this team memory embed with {len(active)} different models (vectors "
                                     f"under fingerprints {', '.join(a[:12] for a in active)} in the last week); each "
                                     "machine searches only its own model's vectors. Agree on memory.model (and "

@@ -168,6 +168,7 @@ class VectorIndex:
 
     def verify_graph(self) -> None:
         """Check the graph file against its recorded sha256 before hnswlib ever reads it."""
+        from .. import codes
         from ..errors import StoreError
         from ..trust import file_sha256
 
@@ -179,7 +180,7 @@ class VectorIndex:
             ok = False
         if not ok:
             raise StoreError(f"the HNSW graph {self.hnsw_path.name} does not match the manifest; run memory-rebuild",
-                             code="index-corrupt", details={"file": self.hnsw_path.name})
+                             code=codes.INDEX_CORRUPT, details={"file": self.hnsw_path.name})
         self._graph_verified = True
 
     def hnsw(self) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import codes
 from ..errors import InputError
 from ..fsio import JSONDecodeError, loads
 
@@ -11,7 +12,7 @@ MAX_BATCH_BYTES = 256 << 20
 
 
 def _bad(message: str, line: int | None, excerpt: str | None, source: str) -> InputError:
-    return InputError(message, code="records-file-invalid",
+    return InputError(message, code=codes.RECORDS_FILE_INVALID,
                       details={"source": source, "line": line, "excerpt": excerpt, "written": 0})
 
 
@@ -21,7 +22,7 @@ def parse_batch(data: bytes, source: str = "-") -> list[Any]:
     Nothing is written when this fails: the error names the first bad line.
     """
     if len(data) > MAX_BATCH_BYTES:
-        raise InputError(f"records file is larger than {MAX_BATCH_BYTES >> 20} MiB", code="records-file-too-large",
+        raise InputError(f"records file is larger than {MAX_BATCH_BYTES >> 20} MiB", code=codes.RECORDS_FILE_TOO_LARGE,
                          details={"source": source, "bytes": len(data)})
     try:
         text = data.decode("utf-8")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import codes
 from ..config import MEMORY_DIR, STATE_DIR, find_root
 from ..errors import NubosMemoryError
 from ..fsio import JSONDecodeError, dumps, loads
@@ -129,7 +130,7 @@ def forward(name: str, request: dict[str, Any], progress: Callable[[str, int, in
             why = ("the process serving the socket cannot be identified" if uid is None
                    else f"the process serving the socket runs as uid {uid}, not as this user")
     if why is not None:
-        return None, {"code": "server-untrusted",
+        return None, {"code": codes.SERVER_UNTRUSTED,
                       "message": f"memory-serve was not used: {why}; answered in-process instead",
                       "socket": str(path)}
     args = {k: v for k, v in request.items() if k != "root"}
@@ -149,7 +150,7 @@ def forward(name: str, request: dict[str, Any], progress: Callable[[str, int, in
             # Records without an id got fresh ones inside the server; redoing the batch here
             # could store them twice, so say what happened instead of guessing.
             return (7, "stderr", {"error": {
-                "code": "server-lost",
+                "code": codes.SERVER_LOST,
                 "message": "memory-serve stopped while handling this batch; it may or may not have been "
                            "written. Check with memory-stats, then re-run (records with ids are skipped).",
                 "details": {"socket": str(path)}}}), None

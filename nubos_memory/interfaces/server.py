@@ -32,6 +32,7 @@ import threading
 import time
 from typing import Any
 
+from .. import codes
 from ..errors import InputError, UsageError, failure
 from ..fsio import DIR_MODE, FILE_MODE, dumps
 from .client import connect, peer_uid, recv_message, send_message, socket_path
@@ -63,7 +64,7 @@ class Server:
         except OSError:
             os.close(fd)
             raise InputError("a memory-serve is already running (or starting) for this memory",
-                             code="serve-already-running", details={"socket": str(self.path)}) from None
+                             code=codes.SERVE_ALREADY_RUNNING, details={"socket": str(self.path)}) from None
         return fd
 
     def _bind(self) -> socket.socket:
@@ -73,7 +74,7 @@ class Server:
             except OSError:
                 self.path.unlink()  # stale: its server was killed
             else:  # a server of a version without serve.lock
-                raise InputError("a memory-serve is already running for this memory", code="serve-already-running",
+                raise InputError("a memory-serve is already running for this memory", code=codes.SERVE_ALREADY_RUNNING,
                                  details={"socket": str(self.path)})
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket file is created 0600

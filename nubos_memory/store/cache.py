@@ -53,6 +53,8 @@ from ..types import Manifest
 MANIFEST = "manifest.json"
 CACHE_FORMAT = 1
 _PREFIXES = ("index-", "keymap-", "vectors-")
+# A derived file of the wrong size: one code per file kind.
+_CORRUPT = {"index": codes.INDEX_CORRUPT, "keymap": codes.KEYMAP_CORRUPT, "vectors": codes.VECTORS_CORRUPT}
 
 
 def covers_digest(ids: list[str], hashes: list[str]) -> str:
