@@ -24,6 +24,11 @@ among the records the filters allow and ``S(q)`` the query's self-score.
 
 ``rrf`` fusion: Σ 1/(k + rank) over the lists that hold the candidate, k=60.
 
+Only ``z`` fuses the signals with their neighbours' context; ``alpha`` and
+``rrf`` keep the plain ones (``uses_context``).  A query ranks by the rule
+:func:`ranker` looks up: ``FUSIONS`` by the fusion's name, or ``ONE_SIGNAL``
+when the query's mode ranks by one side alone (``lexical``, ``vector``).
+
 Both scores are exact for every candidate: a record outside one side's top-N
 still gets its real BM25 score and its real cosine.
 
@@ -37,6 +42,7 @@ factor of 1.1/0.9 ≈ 1.22 of each other (adr/0009).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,3 +143,52 @@ def fuse_rrf(cands: list[Candidate], threshold: float, k: int = RRF_K) -> list[C
         c.retrieval = "hybrid" if lex_rank and vec_rank else ("bm25" if lex_rank else "vector")
         kept.append(c)
     return kept
+
+
+def fuse_z_squashed(cands: list[Candidate], weight: float, threshold: float) -> list[Candidate]:
+    """z fusion with each kept candidate's score squashed into (0, 1) (the order is unchanged)."""
+    kept = fuse_z(cands, weight, threshold)
+    for c in kept:
+        c.score = squash(c.score)
+    return kept
+
+
+def fuse_rrf_ranked(cands: list[Candidate], weight: float, threshold: float) -> list[Candidate]:
+    """rrf fusion as a :data:`Ranker` (it has no weight)."""
+    return fuse_rrf(cands, threshold)
+
+
+def rank_lexical(cands: list[Candidate], weight: float, threshold: float) -> list[Candidate]:
+    """Mode ``lexical``: the candidates with a BM25 score of their own, by it (normalised, with context)."""
+    kept = [c for c in cands if c.lexical_raw > 0]
+    for c in kept:
+        c.score, c.retrieval = c.lexical_norm, "bm25"
+    return kept
+
+
+def rank_vector(cands: list[Candidate], weight: float, threshold: float) -> list[Candidate]:
+    """Mode ``vector``: the vector side's candidates, by cosine with context."""
+    kept = []
+    for c in cands:
+        if c.cosine_context is not None and c.vector_rank is not None:
+            c.score, c.retrieval = c.cosine_context, "vector"
+            kept.append(c)
+    return kept
+
+
+Ranker = Callable[[list[Candidate], float, float], list[Candidate]]
+"""Scores the candidates in place and returns those kept: ``(candidates, weight, threshold)``."""
+
+FUSIONS: dict[str, Ranker] = {"z": fuse_z_squashed, "alpha": fuse_alpha, "rrf": fuse_rrf_ranked}
+ONE_SIGNAL: dict[str, Ranker] = {"lexical": rank_lexical, "vector": rank_vector}
+CONTEXTUAL_FUSIONS = frozenset(("z",))  # the fusions that use the neighbours' context
+
+
+def ranker(mode: str, fusion: str) -> Ranker:
+    """The rule a query ranks by: its mode's one signal, or (mode ``hybrid``) the named fusion."""
+    return ONE_SIGNAL[mode] if mode in ONE_SIGNAL else FUSIONS[fusion]
+
+
+def uses_context(mode: str, fusion: str) -> bool:
+    """Whether the ranking uses the neighbours' context (one signal alone always does)."""
+    return mode in ONE_SIGNAL or fusion in CONTEXTUAL_FUSIONS

@@ -1,0 +1,52 @@
+"""What one query asks (``Request``) and where it looks (``Scope``): what the query's stages share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Request:
+    """The arguments of one query, as ``run_query`` received them."""
+
+    text: str
+    k: int
+    type: str | None
+    phase: str | None
+    tags: list[str]
+    alpha: float
+    fusion: str
+    explain: bool
+    mode: str = "hybrid"
+    collapse: bool = True
+    phase_exact: bool = False
+
+
+@dataclass
+class Scope:
+    """The records a query may return (``positions``: live, through the filters), their neighbours
+    in the log (``prev``/``nxt``, -1: none), how many candidates each side proposes, and the weight
+    of the neighbours' context (``gate``, the coherence gate g; 0: none)."""
+
+    positions: np.ndarray
+    prev: np.ndarray
+    nxt: np.ndarray
+    n_cand: int
+    gate: float = 0.0
+
+    def neighbourhood(self, ps: np.ndarray) -> np.ndarray:
+        """Positions and, with context on, their neighbours (whose scores context needs)."""
+        if self.gate <= 0:
+            return ps
+        prev, nxt = self.prev[ps], self.nxt[ps]
+        return np.unique(np.concatenate([ps, prev[prev >= 0], nxt[nxt >= 0]]))
+
+
+def top(positions: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` best positions by score (ties: earlier record first)."""
+    if len(positions) > n:
+        part = np.argpartition(-scores, n - 1)[:n]
+        positions, scores = positions[part], scores[part]
+    return positions[np.lexsort((positions, -scores))]

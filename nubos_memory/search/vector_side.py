@@ -1,0 +1,138 @@
+"""The query's vector side: its cosine with the records' stored vectors, with the neighbours' context (``c'``).
+
+Up to ``vectors.EXACT_LIMIT`` records in scope every cosine is computed; above,
+HNSW proposes candidates and a fixed sample of the scope (``STATS_SAMPLE``
+records) stands in for the distribution.  Only the cosines a query needs are
+computed (``Cosines``): the candidates', their neighbours', the lexical
+candidates' and the distribution's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import EmbeddingError
+from ..index import vectors as vector_index
+from .fusion import zscore_stats
+from .neighbours import CONTEXT_VECTOR, with_context
+from .plan import Scope, top
+
+if TYPE_CHECKING:
+    from ..embed.base import Embedder
+    from .snapshot import Snapshot, VectorState
+
+STATS_SAMPLE = 1000  # records whose cosine stands in for the distribution in a large scope
+
+
+@dataclass
+class VectorSide:
+    """The query's cosines: ``cos`` by position where ``known``, plus what ranking needs."""
+
+    cos: np.ndarray
+    known: np.ndarray  # bool by position: the cosine was computed (the record has a vector)
+    rank: dict[int, int] = field(default_factory=dict)  # vector candidates: position -> rank by cosine
+    mean: float = 0.0
+    sd: float = 1.0
+    pending: int = 0
+
+
+class Cosines:
+    """The query vector's cosine with each record, computed when first asked for."""
+
+    def __init__(self, state: VectorState, q: np.ndarray):
+        self.state, self.q = state, q
+        n = len(state.labels)
+        self.cos = np.zeros(n, dtype=np.float64)
+        self.known = np.zeros(n, dtype=bool)
+        self.extra = np.array(sorted(state.extra), dtype=np.int64)  # embedded for this answer only: usually none
+
+    def compute(self, positions: np.ndarray) -> None:
+        """The cosines of these positions that are not known yet (those with a vector)."""
+        todo = positions[~self.known[positions]]
+        if not len(todo):
+            return
+        index, labels = self.state.index, self.state.labels
+        with_label = todo[labels[todo] >= 0]
+        if index is not None and len(with_label):
+            self.cos[with_label] = index.cosines(labels[with_label], self.q)
+            self.known[with_label] = True
+        for p in todo[np.isin(todo, self.extra)].tolist():
+            self.cos[p] = float(np.dot(self.state.extra[p], self.q))
+            self.known[p] = True
+
+    def with_vector(self, positions: np.ndarray) -> np.ndarray:
+        """The positions whose record has a vector (stored, or embedded for this answer)."""
+        has_vec = self.state.labels[positions] >= 0
+        if len(self.extra):
+            has_vec |= np.isin(positions, self.extra)
+        found: np.ndarray = positions[has_vec]
+        return found
+
+
+def query_vector(embedder: Embedder, text: str) -> np.ndarray:
+    """The query's unit vector (``EmbeddingError`` when the model gives an unusable one)."""
+    q: np.ndarray = embedder.embed([text])[0]
+    if not vector_index.usable(q[None, :])[0]:
+        raise EmbeddingError("the model gave a non-finite or zero vector for the query; it is answered by keywords "
+                             "(memory-stats.runtime says what embeds)", code="embedding-invalid")
+    return q
+
+
+def vector_side(q: np.ndarray, state: VectorState, snap: Snapshot, scope: Scope,
+                lex_cands: np.ndarray) -> VectorSide:
+    """Cosines of the candidates (vector top-n_cand, their neighbours, the lexical candidates), and
+    the mean and sd of ``c'`` over the scope (every record's up to ``EXACT_LIMIT``, else a sample)."""
+    cosines = Cosines(state, q)
+    in_scope = cosines.with_vector(scope.positions)
+    side = VectorSide(cosines.cos, cosines.known, pending=int(len(scope.positions) - len(in_scope)))
+    if not len(in_scope):
+        return side
+    if len(in_scope) <= vector_index.EXACT_LIMIT:
+        order, stats_of = _exact_top(cosines, in_scope, scope)
+    else:
+        order, stats_of = _approximate_top(cosines, in_scope, snap, scope)
+    side.rank = _ranks(order, cosines.known, scope)
+    cosines.compute(lex_cands)
+    ctx = with_context(cosines.cos, stats_of, scope.prev, scope.nxt, CONTEXT_VECTOR * scope.gate, of=cosines.known)
+    side.mean, side.sd = zscore_stats(ctx)
+    return side
+
+
+def _exact_top(cosines: Cosines, in_scope: np.ndarray, scope: Scope) -> tuple[np.ndarray, np.ndarray]:
+    """Every cosine in scope: the best ``n_cand`` records, and the records the statistics are of (all)."""
+    cosines.compute(scope.neighbourhood(in_scope))
+    return top(in_scope, cosines.cos[in_scope], scope.n_cand), in_scope
+
+
+def _approximate_top(cosines: Cosines, in_scope: np.ndarray, snap: Snapshot,
+                     scope: Scope) -> tuple[np.ndarray, np.ndarray]:
+    """HNSW's best ``n_cand`` records (and those embedded for this answer), and a fixed sample of
+    the scope for the statistics."""
+    index, labels, extra = cosines.state.index, cosines.state.labels, cosines.extra
+    if index is None:
+        top_labels = np.zeros(0, dtype=np.int64)
+    else:
+        whole = len(in_scope) == len(index)
+        top_labels, _ = index.top(cosines.q, scope.n_cand, None if whole else labels[in_scope[labels[in_scope] >= 0]])
+    proposed = snap.positions_of(top_labels)
+    proposed = np.concatenate([proposed[proposed >= 0], extra[np.isin(extra, scope.positions)]])
+    rng = np.random.default_rng(len(in_scope))  # a fixed sample for a given memory size
+    stats_of = np.sort(rng.choice(in_scope, min(STATS_SAMPLE, len(in_scope)), replace=False))
+    cosines.compute(scope.neighbourhood(np.unique(np.concatenate([proposed, stats_of]))))
+    return top(proposed, cosines.cos[proposed], scope.n_cand), stats_of
+
+
+def _ranks(order: np.ndarray, known: np.ndarray, scope: Scope) -> dict[int, int]:
+    """The vector candidates' ranks: ``order``, then (with context on) their neighbours in scope."""
+    rank = {int(p): i + 1 for i, p in enumerate(order)}
+    if scope.gate > 0:
+        scoped = np.zeros(len(known), dtype=bool)
+        scoped[scope.positions] = True
+        for p in order.tolist():
+            for nb in (scope.prev[p], scope.nxt[p]):
+                if nb >= 0 and known[nb] and scoped[nb]:
+                    rank.setdefault(int(nb), len(rank) + 1)
+    return rank
