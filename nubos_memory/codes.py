@@ -84,8 +84,8 @@ RECORD_INVALID_IMPORTANCE = _code("record-invalid-importance", "importance is no
 RECORD_INVALID_SUPERSEDES = _code("record-invalid-supersedes", "supersedes is not a record id, or names the "
                                   "record itself")
 RECORD_TOO_LARGE = _code("record-too-large", "a title, body or other field is longer than its limit")
-RECORD_ONLY_REASONING = _code("record-only-reasoning", "a record held only reasoning blocks (<think>, "
-                              "<scratch_pad>); nothing is stored")
+RECORD_ONLY_REASONING = _code("record-only-reasoning", "a record held only reasoning blocks (think, "
+                              "scratch_pad); nothing is stored")
 RECORD_SUPERSEDES_UNKNOWN = _code("record-supersedes-unknown", "supersedes names no record of the memory")
 RECORD_NOT_FOUND = _code("record-not-found", "an id names no record (an error for forget/redact, a warning for get)")
 FORGET_INVALID_REASON = _code("forget-invalid-reason", "a forget reason is not 1-200 characters on one line")

@@ -26,6 +26,9 @@ interface (the CLI, ``memory-serve``, ``memory-mcp``) turns an exception into
 
 Store, embedding and rebuild errors met while *querying* do not fail the
 query: it answers lexically and reports them as ``degraded`` instead.
+
+Every code is declared, with one line of meaning, in :mod:`nubos_memory.codes`
+(``docs/errors.md`` lists them all); raise sites use its constants.
 """
 
 from __future__ import annotations
