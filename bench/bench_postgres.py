@@ -15,8 +15,10 @@
    both stores, real packaged model: nDCG@10 per mode, and the difference.
 
 PostgreSQL: $NUBOS_MEMORY_TEST_DSN, else a pgserver (PostgreSQL 16 from the wheel) in a temp folder.
+SciFact (the records' texts, and part 3) from --datasets, else $NUBOS_MEMORY_DATASETS, else
+../shared/datasets beside the repository.
 Run: .venv/bin/python bench/bench_postgres.py [--sizes 20000 100000] [--model-size 20000] [--queries 200]
-     [--scifact] [--out bench/results/postgres-2026-11-23b.json]
+     [--scifact] [--datasets FOLDER] [--out bench/results/postgres-2026-11-23b.json]
 Writes the JSON and prints a markdown table per embedder (docs/benchmarks.md records it).
 """
 
@@ -34,19 +36,25 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import benchdata  # noqa: E402
 from bench_scale import real_texts  # noqa: E402
 
 from nubos_memory import Memory  # noqa: E402
+from nubos_memory.evaluation import CachedEmbedder  # noqa: E402
 
-SCIFACT = REPO.parent / "shared" / "datasets" / "scifact"
+if TYPE_CHECKING:
+    from nubos_memory.store.postgres import PgStore
+
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 HASH = {"provider": "hash", "model": "hash-384", "near_duplicate": None}
 LOCAL = {"provider": "local", "model": MODEL, "near_duplicate": None}
@@ -54,13 +62,13 @@ BATCH = 10_000  # records per memory-index call while loading
 TARGET_RATIO = 2.0
 
 
-def project(root: Path, memory: dict) -> Path:
+def project(root: Path, memory: dict[str, Any]) -> Path:
     (root / ".nubos-pilot").mkdir(parents=True)
     (root / ".nubos-pilot/config.json").write_text(json.dumps({"memory": {"enabled": True, **memory}}))
     return root
 
 
-def cli(root: Path, *args: str, env: dict | None = None) -> tuple[float, str, str]:
+def cli(root: Path, *args: str, env: dict[str, str] | None = None) -> tuple[float, str, str]:
     """A fresh process (no memory-serve): its wall time in ms, its stdout and its stderr."""
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "nubos_memory", *args, "--root", str(root)], capture_output=True,
@@ -80,13 +88,13 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def scifact(work: Path, pg: dict) -> dict:
-    out = {}
+def scifact(work: Path, pg: dict[str, Any], data: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for name, memory in (("files", {}), ("postgres", pg)):
         root = project(work / f"eval-{name}", memory)
         t = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "nubos_memory", "memory-eval", "--root", str(root),
-                               "--beir", str(SCIFACT), "--split", "test", "--progress", "none"],
+                               "--beir", str(data), "--split", "test", "--progress", "none"],
                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert proc.returncode == 0, proc.stderr[-2000:]
         doc = json.loads(proc.stdout)
@@ -103,8 +111,8 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def workload(size: int, queries: int) -> tuple[list[dict], list[str]]:
-    texts = real_texts(size)  # abstracts and their sentences run out near 50k: revisits make up the rest
+def workload(size: int, queries: int, data: Path) -> tuple[list[dict[str, str]], list[str]]:
+    texts = real_texts(size, data)  # abstracts and their sentences run out near 50k: revisits make up the rest
     base_texts, k = list(texts), 1
     while len(texts) < size:
         k += 1
@@ -114,7 +122,7 @@ def workload(size: int, queries: int) -> tuple[list[dict], list[str]]:
     return records, asks
 
 
-def warm(mem: Memory, asks: list[str]) -> dict:
+def warm(mem: Memory, asks: list[str]) -> dict[str, float]:
     """Warm hybrid query latency through one open Memory (20 queries of warm-up first)."""
     for q in asks[:20]:
         mem.query(q, track=False)
@@ -126,7 +134,7 @@ def warm(mem: Memory, asks: list[str]) -> dict:
     return {"warm_p50_ms": round(statistics.median(lat), 2), "warm_p95_ms": round(pct(lat, 95), 2)}
 
 
-def new_machine(root: Path, work: Path, label: str, ask: str, onnx: bool) -> dict:
+def new_machine(root: Path, work: Path, label: str, ask: str, onnx: bool) -> dict[str, Any]:
     """A new machine's first query: a process with its own, empty NUBOS_MEMORY_CACHE, end to end
     (it copies every shared vector from the database).  With ``onnx`` the model's ONNX export (kept
     in the same cache folder, made once per machine) is copied in first, so that the number is the
@@ -141,18 +149,19 @@ def new_machine(root: Path, work: Path, label: str, ask: str, onnx: bool) -> dic
             "new_machine_exported_onnx": "exporting the embedding model" in stderr}
 
 
-def scale(work: Path, pg: dict, size: int, queries: int, kind: str, embedder=None) -> dict:
+def scale(work: Path, pg: Callable[[str], dict[str, Any]], size: int, queries: int, kind: str, data: Path,
+          embedder: CachedEmbedder | None = None) -> dict[str, Any]:
     """Both stores at one size under one embedder (``hash``: hash-384; ``model``: the packaged model
     through ``embedder``, a CachedEmbedder already holding every record's and query's vector)."""
-    records, asks = workload(size, queries)
+    records, asks = workload(size, queries, data)
     config = HASH if kind == "hash" else LOCAL
     label = f"{kind}-{size}"
-    out: dict = {"records": len(records), "queries": len(asks),
+    out: dict[str, Any] = {"records": len(records), "queries": len(asks),
                  "embedder": "hash-384 (no model time)" if kind == "hash" else
                  f"{MODEL} (vectors from a shared cache: store time only)"}
     if embedder is not None:
         out.update(prefill(embedder, records, asks))
-    answers: dict[str, list] = {}
+    answers: dict[str, list[list[str]]] = {}
     for name, memory in (("files", config), ("postgres", {**config, **pg(label)})):
         root = project(work / f"{label}-{name}", memory)
         mem = Memory.open(root, embedder=embedder)
@@ -161,7 +170,7 @@ def scale(work: Path, pg: dict, size: int, queries: int, kind: str, embedder=Non
         t = time.perf_counter()
         for i in range(0, len(records), BATCH):
             mem.index(records[i:i + BATCH], force=True)
-        row: dict = {"index_s": round(time.perf_counter() - t, 1)}
+        row: dict[str, Any] = {"index_s": round(time.perf_counter() - t, 1)}
         if embedder is not None:
             row["model_embeds_while_loading"] = embedder.misses - misses  # 0: the cache held every text
         if name == "postgres":
@@ -194,7 +203,7 @@ def scale(work: Path, pg: dict, size: int, queries: int, kind: str, embedder=Non
     return out
 
 
-def prefill(embedder, records: list[dict], asks: list[str]) -> dict:
+def prefill(embedder: CachedEmbedder, records: list[dict[str, str]], asks: list[str]) -> dict[str, float]:
     """Embed every record's text (as the store embeds it) and every query once, before either store
     is timed; and the model's own time for one query, which both stores pay on top of theirs."""
     from nubos_memory.records import embed_text, validate_batch
@@ -215,14 +224,16 @@ def prefill(embedder, records: list[dict], asks: list[str]) -> dict:
     return {"model_embed_s": round(embed_s, 1), "model_query_embed_p50_ms": round(statistics.median(lat[5:]), 2)}
 
 
-def pgvector_side(mem: Memory, asks: list[str]) -> dict:
+def pgvector_side(mem: Memory, asks: list[str]) -> dict[str, Any]:
     """The database's HNSW index: its size, whether the planner uses it, how long a candidate query
     takes, and how many of the exact top-100 it proposes (recall@100 of the candidates)."""
     import numpy as np
 
-    store = mem.store
+    store = cast("PgStore", mem.store)
     manifest, index = store.load_current()
+    assert manifest is not None and index is not None, "the namespace has no vectors"
     fingerprint, dim = manifest["embedding"]["fingerprint"], manifest["embedding"]["dim"]
+    assert dim is not None
     name = store.index_name(fingerprint)
     with store.db() as conn:
         sizes = conn.execute("SELECT pg_relation_size(to_regclass(%s)), "
@@ -232,6 +243,7 @@ def pgvector_side(mem: Memory, asks: list[str]) -> dict:
         vec = mem.embedder.embed([q])[0]
         t = time.perf_counter()
         keys = store.nearest(fingerprint, dim, vec, 100, 100)
+        assert keys is not None, "the database gave no candidates"
         ms.append((time.perf_counter() - t) * 1000)
         exact = set(np.argsort(-(np.asarray(index.vectors) @ vec))[:100].tolist())
         labels = {index.label_of_hash(k) for k in keys}
@@ -246,7 +258,7 @@ def pgvector_side(mem: Memory, asks: list[str]) -> dict:
             "candidates_p50_ms": round(statistics.median(ms), 2), "candidates_recall@100": round(sum(recall) / len(recall), 4)}
 
 
-def table(title: str, runs: list[dict], kind: str) -> str:
+def table(title: str, runs: list[dict[str, Any]], kind: str) -> str:
     cols = ["records", "store", "index s", "warm p50 ms", "warm p95 ms", "p50 ratio"]
     if kind == "hash":
         cols += ["cold query ms", "cold add ms"]
@@ -280,37 +292,38 @@ def main() -> None:
                     help="folder for the model's vectors (default: in the run's temp folder)")
     ap.add_argument("--keep", action="store_true", help="keep the run's temp folder")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "postgres-2026-11-23b.json")
+    benchdata.add_flag(ap)
     args = ap.parse_args()
+    data = benchdata.scifact(args.datasets)
     server = None
     dsn = os.environ.get("NUBOS_MEMORY_TEST_DSN")
     work = Path(tempfile.mkdtemp(prefix="nubos-bench-pg-"))
     if not dsn:
-        import pgserver
+        from pgserver.postgres_server import get_server
 
-        server = pgserver.get_server(work / "pg", cleanup_mode="stop")
+        server = get_server(work / "pg", cleanup_mode="stop")
         dsn = server.get_uri()
     os.environ["NUBOS_MEMORY_DSN"] = dsn
     os.environ.setdefault("NUBOS_MEMORY_CACHE", str(work / "cache"))
     run = uuid.uuid4().hex[:8]
 
-    def pg(label: str) -> dict:
+    def pg(label: str) -> dict[str, Any]:
         return {"backend": "postgres", "postgres": {"namespace": f"bench-{run}-{label}", "timeout_s": 300}}
 
-    result: dict = {"date": date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+    result: dict[str, Any] = {"date": date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
                     "postgres": "pgserver 0.1.4 (PostgreSQL 16.2), same machine" if server else "NUBOS_MEMORY_TEST_DSN",
                     "target": f"warm postgres hybrid p50 within {TARGET_RATIO:g}x the file store's (hash embedder)",
                     "not_measured": []}
     try:
         result["hash"] = []
         for size in args.sizes:
-            result["hash"].append(scale(work, pg, size, args.queries, "hash"))
+            result["hash"].append(scale(work, pg, size, args.queries, "hash", data))
         result["model"] = []
         if args.model_size:
-            from nubos_memory.api.evaluate import CachedEmbedder
             from nubos_memory.embed.model import ModelEmbedder
 
             cached = CachedEmbedder(ModelEmbedder(MODEL), args.model_cache or work / "model-cache")
-            result["model"].append(scale(work, pg, args.model_size, args.queries, "model", embedder=cached))
+            result["model"].append(scale(work, pg, args.model_size, args.queries, "model", data, embedder=cached))
         else:
             result["not_measured"].append(f"{MODEL}: skipped (--model-size 0)")
         if args.model_size < 100_000:
@@ -318,7 +331,7 @@ def main() -> None:
                                           "about 25 minutes on this machine's 2 cores)")
         if args.scifact:
             result["scifact"] = scifact(work, {"backend": "postgres",
-                                               "postgres": {"namespace": f"bench-{run}-eval", "timeout_s": 300}})
+                                               "postgres": {"namespace": f"bench-{run}-eval", "timeout_s": 300}}, data)
         else:
             result["not_measured"].append("SciFact parity: skipped (run with --scifact, about 12 minutes)")
     finally:

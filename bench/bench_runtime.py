@@ -10,7 +10,9 @@
 * warm queries with a competing CPU-bound process on the same cores: through ``memory-serve``, and
   in-process for each runtime and thread count (the thread policy of adr/0012).
 
-    .venv/bin/python bench/bench_runtime.py [--records 10000] [--queries 100]
+    .venv/bin/python bench/bench_runtime.py [--records 10000] [--queries 100] [--datasets FOLDER]
+
+SciFact from --datasets, else $NUBOS_MEMORY_DATASETS, else ../shared/datasets beside the repository.
 
 Writes bench/results/runtime-<date>.json and prints the tables docs/benchmarks.md records.
 """
@@ -29,6 +31,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 import numpy as np
 
@@ -36,16 +40,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_scale import real_texts  # noqa: E402
+import benchdata  # noqa: E402
+from bench_scale import as_record, cache_dir, real_texts  # noqa: E402
 
 from nubos_memory import Memory  # noqa: E402
-from nubos_memory.api.evaluate import CachedEmbedder, default_cache_dir  # noqa: E402
-from nubos_memory.embed.model import ModelEmbedder, pieces_for  # noqa: E402
+from nubos_memory.embed.base import Embedder  # noqa: E402
+from nubos_memory.embed.model import ModelEmbedder, Runtime, pieces_for  # noqa: E402
 from nubos_memory.embed.torch_runtime import TorchRuntime  # noqa: E402
+from nubos_memory.evaluation import CachedEmbedder  # noqa: E402
 from nubos_memory.limits import DEFAULT_MODEL  # noqa: E402
 from nubos_memory.records import embed_text  # noqa: E402
 
-DATA = REPO.parent / "shared" / "datasets" / "scifact"
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "NUBOS_MEMORY_NO_SERVER": "1"}
 
 
@@ -53,7 +58,7 @@ def p50(values: list[float]) -> float:
     return float(np.percentile(values, 50)) if values else float("nan")
 
 
-def cli(root: Path, *args: str, env: dict | None = None) -> tuple[float, dict]:
+def cli(root: Path, *args: str, env: dict[str, str] | None = None) -> tuple[float, Any]:
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "nubos_memory", *args, "--root", str(root)], capture_output=True,
                           text=True, env=env or ENV)
@@ -62,7 +67,7 @@ def cli(root: Path, *args: str, env: dict | None = None) -> tuple[float, dict]:
     return took, json.loads(proc.stdout)
 
 
-def make_memory(root: Path, records: list[dict], embedder) -> Memory:
+def make_memory(root: Path, records: list[dict[str, str]], embedder: Embedder) -> Memory:
     (root / ".nubos-pilot").mkdir(parents=True)
     (root / ".nubos-pilot/config.json").write_text(json.dumps({"memory": {"enabled": True}}))
     mem = Memory.open(root, embedder=embedder)
@@ -74,17 +79,18 @@ def make_memory(root: Path, records: list[dict], embedder) -> Memory:
 class Burner:
     """A competing CPU-bound process (one busy loop) on the same cores."""
 
-    def __enter__(self):
+    def __enter__(self) -> Burner:
         self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         time.sleep(1.0)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
 
-def first_ever_call(results: dict) -> None:
+def first_ever_call(results: dict[str, Any]) -> None:
     """A fresh user cache: the first call exports the model to ONNX and checks parity."""
     with tempfile.TemporaryDirectory() as d:
         root = Path(d) / "p"
@@ -103,9 +109,11 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=10_000)
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--cold", type=int, default=9, help="fresh processes per cold measurement")
+    benchdata.add_flag(ap)
     args = ap.parse_args()
-    queries = [json.loads(line)["text"] for line in (DATA / "queries.jsonl").open()][: args.queries]
-    results: dict = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {platform.machine()} "
+    data = benchdata.scifact(args.datasets)
+    queries = [json.loads(line)["text"] for line in (data / "queries.jsonl").open()][: args.queries]
+    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {platform.machine()} "
                      f"{os.cpu_count()} cpu, python {platform.python_version()}", "loadavg_start": os.getloadavg()}
     first_ever_call(results)
 
@@ -117,13 +125,13 @@ def main() -> None:
     st = reference.model
 
     # -- index throughput: the product (ONNX) vs sentence-transformers encode of the same pieces ------
-    base = real_texts(max(args.records, 1000))
+    base = real_texts(max(args.records, 1000), data)
     results["index_throughput"] = {}
     shapes = {"short": [r for r in base if r["title"].endswith(")")][:384] or base[:384], "long": base[:192]}
     st.encode([r["body"] for r in base[-64:]], batch_size=32)
     for shape, recs in shapes.items():
         sample = [{"type": "research", "title": r["title"] + " (throughput)", "body": r["body"]} for r in recs]
-        pieces, _ = pieces_for(onnx.runtime(), [embed_text(r) for r in sample])
+        pieces, _ = pieces_for(onnx.runtime(), [embed_text(as_record(r)) for r in sample])
         raw, prod = [], []
         for _ in range(2):  # the faster of two passes each: a noisy moment penalises neither side alone
             t = time.perf_counter()
@@ -141,7 +149,7 @@ def main() -> None:
 
     # -- a 10k memory of real text (vectors cached per fingerprint: any runtime's are the same) ---------
     records = base[: args.records]
-    cached = CachedEmbedder(onnx, default_cache_dir())
+    cached = CachedEmbedder(onnx, cache_dir())
     root = Path(tempfile.mkdtemp(prefix="nubos-runtime-bench-"))
     t = time.perf_counter()
     mem = make_memory(root, records, cached)
@@ -192,15 +200,15 @@ def cli_bare() -> float:
     return (time.perf_counter() - t) * 1000
 
 
-def under_load(root: Path, queries: list[str], onnx: ModelEmbedder, reference: TorchRuntime) -> dict:
+def under_load(root: Path, queries: list[str], onnx: ModelEmbedder, reference: TorchRuntime) -> dict[str, Any]:
     """Warm queries idle and with one competing busy process: through memory-serve (CLI end to end),
     and in-process per runtime and thread count."""
-    out: dict = {}
+    out: dict[str, Any] = {}
     server = subprocess.Popen([sys.executable, "-m", "nubos_memory", "memory-serve", "--root", str(root)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**ENV, "NUBOS_MEMORY_NO_SERVER": ""})
     try:
-        assert '"serving"' in server.stderr.readline()
+        assert server.stderr is not None and '"serving"' in server.stderr.readline()
         env = {**ENV, "NUBOS_MEMORY_NO_SERVER": ""}
         for label, ctx in (("idle", None), ("loaded", Burner)):
             def serve_p50() -> float:
@@ -214,48 +222,53 @@ def under_load(root: Path, queries: list[str], onnx: ModelEmbedder, reference: T
     finally:
         server.send_signal(signal.SIGTERM)
         server.communicate(timeout=60)
-    import torch
-
     from nubos_memory.embed.onnx_runtime import OnnxRuntime
 
     folder = onnx.folder()
+    assert folder is not None, "the packaged model is not on this machine"
     onnx_path = onnx.runtime().onnx_path  # type: ignore[attr-defined]
-    variants = {
+    variants: dict[str, Runtime] = {
         "onnx 2 threads (policy)": OnnxRuntime(folder, onnx_path, threads=2),
         "onnx 1 thread": OnnxRuntime(folder, onnx_path, threads=1),
         "torch 1 thread (policy for one text)": reference,
         "torch 2 threads": reference,
     }
-    rows = {}
+    rows: dict[str, dict[str, float]] = {}
     for name, runtime in variants.items():
         runtime.load()
         for label, ctx in (("idle", None), ("loaded", Burner)):
-            def one() -> float:
-                if name.startswith("torch"):
-                    torch.set_num_threads(2 if "2 threads" in name else 1)
-                    model = runtime.model  # type: ignore[attr-defined]
-                    ts = []
-                    for q in queries[:60]:
-                        t = time.perf_counter()
-                        model.encode([q], normalize_embeddings=True, show_progress_bar=False)
-                        ts.append((time.perf_counter() - t) * 1000)
-                    return p50(ts)
-                ts = []
-                for q in queries[:60]:
-                    t = time.perf_counter()
-                    runtime.encode([q])
-                    ts.append((time.perf_counter() - t) * 1000)
-                return p50(ts)
             if ctx is None:
-                rows.setdefault(name, {})[label] = one()
+                rows.setdefault(name, {})[label] = query_embed_p50(name, runtime, queries)
             else:
                 with ctx():
-                    rows.setdefault(name, {})[label] = one()
+                    rows.setdefault(name, {})[label] = query_embed_p50(name, runtime, queries)
     out["query_embed_ms_p50"] = rows
     return out
 
 
-def print_tables(r: dict) -> None:
+def query_embed_p50(name: str, runtime: Runtime, queries: list[str]) -> float:
+    """p50 ms of embedding one query, 60 queries: a torch variant through sentence-transformers' encode
+    at its thread count, an ONNX one through the runtime."""
+    if name.startswith("torch"):
+        import torch
+
+        torch.set_num_threads(2 if "2 threads" in name else 1)
+        model = runtime.model  # type: ignore[attr-defined]
+        ts = []
+        for q in queries[:60]:
+            t = time.perf_counter()
+            model.encode([q], normalize_embeddings=True, show_progress_bar=False)
+            ts.append((time.perf_counter() - t) * 1000)
+        return p50(ts)
+    ts = []
+    for q in queries[:60]:
+        t = time.perf_counter()
+        runtime.encode([q])
+        ts.append((time.perf_counter() - t) * 1000)
+    return p50(ts)
+
+
+def print_tables(r: dict[str, Any]) -> None:
     c, w, load = r["cold"], r["warm"], r["load"]
     print(f"\nMachine: {r['machine']}; runtime {r['runtime']}; load average at start {r['loadavg_start'][0]:.2f}\n")
     print("| what | measured | baseline in the same run | ratio |")

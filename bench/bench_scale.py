@@ -6,8 +6,9 @@ seeded perturbations (Gaussian, sigma 0.015 per dimension: cosine ~0.96 to the r
 never uniform random vectors). Every product number is printed next to the raw library doing
 the same work in the same run, so ratios hold on a noisy machine.
 
-Run: .venv/bin/python bench/bench_scale.py [--sizes 1000,10000,100000] [--queries 200]
-(bm25s is measured too when installed: .venv/bin/pip install bm25s). Embeddings are cached
+Run: .venv/bin/python bench/bench_scale.py [--sizes 1000,10000,100000] [--queries 200] [--datasets FOLDER]
+(SciFact from --datasets, else $NUBOS_MEMORY_DATASETS, else ../shared/datasets beside the repository;
+bm25s is measured too when installed: .venv/bin/pip install bm25s). Embeddings are cached
 with memory-eval's cache ($NUBOS_MEMORY_CACHE, default ~/.cache/nubos-memory): the first run
 embeds 10k records (~15 min on 2 cores). Writes bench/results/scale-<date>.json and prints a
 table (docs/benchmarks.md records it).
@@ -16,7 +17,9 @@ table (docs/benchmarks.md records it).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
+import importlib
 import json
 import os
 import platform
@@ -26,33 +29,37 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from nubos_memory import Memory  # noqa: E402
-from nubos_memory.config import DEFAULT_MODEL  # noqa: E402
-from nubos_memory.embed.base import Embedder
-from nubos_memory.embed.model import ModelEmbedder  # noqa: E402
-from nubos_memory.api.evaluate import CachedEmbedder, default_cache_dir  # noqa: E402
-sys.path.insert(0, str(REPO / "tests"))
+import benchdata  # noqa: E402
 from bm25_reference import RankBM25Scorer  # noqa: E402
-from nubos_memory.index.vectors import EXACT_LIMIT  # noqa: E402
+
+from nubos_memory import Memory  # noqa: E402
+from nubos_memory.embed.base import Embedder  # noqa: E402
+from nubos_memory.embed.model import ModelEmbedder  # noqa: E402
 from nubos_memory.embed.torch_runtime import TorchRuntime  # noqa: E402
+from nubos_memory.evaluation import CachedEmbedder, default_cache_dir  # noqa: E402
+from nubos_memory.index.vectors import EXACT_LIMIT  # noqa: E402
+from nubos_memory.limits import DEFAULT_MODEL  # noqa: E402
 from nubos_memory.records import embed_text, lexical_text  # noqa: E402
 from nubos_memory.tokenize import tokenize  # noqa: E402
+from nubos_memory.types import Record  # noqa: E402
 
-DATA = REPO.parent / "shared" / "datasets" / "scifact"
 SIGMA = 0.015
 
 
-def real_texts(n: int) -> list[dict]:
-    """n realistic records: SciFact abstracts first, then single sentences of them."""
-    docs = [json.loads(line) for line in (DATA / "corpus.jsonl").open()]
+def real_texts(n: int, data: Path) -> list[dict[str, str]]:
+    """n realistic records: SciFact abstracts first, then single sentences of them (``data``: the SciFact folder)."""
+    docs = [json.loads(line) for line in (data / "corpus.jsonl").open()]
     out = [{"title": d["title"], "body": d["text"]} for d in docs]
     i = 0
     while len(out) < n:
@@ -76,32 +83,38 @@ class PerturbedEmbedder(Embedder):
         super().__init__(real.model_id)
         self.real, self.sigma = real, sigma
 
-    def spec(self, dim=None):
+    def spec(self, dim: int | None = None) -> dict[str, Any]:
         return self.real.spec(dim)
 
-    def known_dim(self):
+    def known_dim(self) -> int | None:
         return self.real.known_dim()
 
     @property
-    def dim(self):
+    def dim(self) -> int:
         return self.real.dim
 
-    def embed(self, texts):
+    def embed(self, texts: list[str]) -> np.ndarray:
         bases = [t.split(" ⟨v", 1)[0] for t in texts]
         vecs = self.real.embed(bases).copy()
         for row, t in enumerate(texts):
             if t != bases[row]:
                 seed = int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "little")
-                vecs[row] += np.random.default_rng(seed).normal(0, self.sigma, vecs.shape[1]).astype(np.float32)
+                noise = np.asarray(np.random.default_rng(seed).normal(0, self.sigma, vecs.shape[1]))
+                vecs[row] += noise.astype(np.float32)
                 vecs[row] /= np.linalg.norm(vecs[row])
         return vecs
 
 
-def p(values, q):
+def as_record(fields: dict[str, Any]) -> Record:
+    """A title/body dict where the record helpers (embed_text, lexical_text) want a Record: they read only these."""
+    return cast(Record, fields)
+
+
+def p(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def timed(fn, repeat):
+def timed(fn: Callable[[], object], repeat: int) -> list[float]:
     out = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -110,7 +123,26 @@ def timed(fn, repeat):
     return out
 
 
-def make_memory(root: Path, embedder: Embedder, records: list[dict]) -> tuple[Memory, float]:
+def once(fn: Callable[[], object]) -> float:
+    """One call's wall time in ms."""
+    return timed(fn, 1)[0]
+
+
+def exact_top10(vecs: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """What a bare numpy exact scan does for the top 10 (unsorted)."""
+    return np.argpartition(-(vecs @ q), 10)[:10]
+
+
+def cache_dir() -> Path:
+    """memory-eval's embedding cache folder; without one (no safe cache folder) the run stops, exit code 2."""
+    where = default_cache_dir()
+    if where is None:
+        print("no embedding cache folder: set NUBOS_MEMORY_CACHE", file=sys.stderr)
+        raise SystemExit(2)
+    return where
+
+
+def make_memory(root: Path, embedder: Embedder, records: list[dict[str, str]]) -> tuple[Memory, float]:
     (root / ".nubos-pilot").mkdir(parents=True)
     (root / ".nubos-pilot/config.json").write_text(json.dumps({"memory": {"enabled": True}}))
     mem = Memory.open(root, embedder=embedder)
@@ -120,7 +152,7 @@ def make_memory(root: Path, embedder: Embedder, records: list[dict]) -> tuple[Me
     return mem, time.perf_counter() - t
 
 
-def cli(root: Path, *args: str, env=None) -> float:
+def cli(root: Path, *args: str, env: dict[str, str] | None = None) -> float:
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "nubos_memory", *args, "--root", str(root)], capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
@@ -132,18 +164,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1000,10000,100000")
     ap.add_argument("--queries", type=int, default=200)
+    benchdata.add_flag(ap)
     args = ap.parse_args()
+    data = benchdata.scifact(args.datasets)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]  # --sizes "": throughput only
-    queries = [json.loads(line)["text"] for line in (DATA / "queries.jsonl").open()][: args.queries]
+    queries = [json.loads(line)["text"] for line in (data / "queries.jsonl").open()][: args.queries]
     st = ModelEmbedder(DEFAULT_MODEL)
-    cached = CachedEmbedder(st, default_cache_dir())
-    base = real_texts(min(max(sizes, default=10_000), 10_000))
+    cached = CachedEmbedder(st, cache_dir())
+    base = real_texts(min(max(sizes, default=10_000), 10_000), data)
     t = time.perf_counter()
-    cached.embed([embed_text({"title": r["title"], "body": r["body"]}) for r in base])  # real vectors for every base record
+    cached.embed([embed_text(as_record({"title": r["title"], "body": r["body"]})) for r in base])  # real vectors for every base record
     cached.save()
     print(f"# base embeddings ready ({len(base)} records, {cached.misses} newly embedded, "
           f"{time.perf_counter() - t:.0f}s)", flush=True)
-    results: dict = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {platform.machine()} "
+    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {platform.machine()} "
                      f"{os.cpu_count()} cpu, python {platform.python_version()}", "sizes": {}}
 
     # Index throughput vs raw model.encode at the same batch size (32), uncached, same loaded model.
@@ -158,10 +192,10 @@ def main() -> None:
     model.encode([r["body"] for r in base[-64:]], batch_size=32)  # warm-up: first calls are slower
     for shape, recs in shapes.items():
         sample = [{"type": "research", "title": r["title"] + " (throughput)", "body": r["body"]} for r in recs]
-        texts = [embed_text(r) for r in sample]
+        texts = [embed_text(as_record(r)) for r in sample]
         pieces, _ = st.pieces(texts)
 
-        def raw_pass(inputs):
+        def raw_pass(inputs: list[str]) -> float:
             t = time.perf_counter()
             model.encode(inputs, batch_size=32, normalize_embeddings=True)
             return time.perf_counter() - t
@@ -178,12 +212,12 @@ def main() -> None:
                 prod.append(time.perf_counter() - t)
             raw_trunc.append(raw_pass(texts))
         raw_pieces_s, raw_trunc_s, prod_s = min(raw_pieces), min(raw_trunc), min(prod)
-        row = {"records": len(sample), "pieces": len(pieces), "memory_index_per_s": len(sample) / prod_s,
+        shape_row = {"records": len(sample), "pieces": len(pieces), "memory_index_per_s": len(sample) / prod_s,
                "raw_encode_pieces_per_s": len(sample) / raw_pieces_s,
                "raw_encode_truncated_per_s": len(sample) / raw_trunc_s,
                "ratio_vs_same_pieces": raw_pieces_s / prod_s, "ratio_vs_truncated": raw_trunc_s / prod_s}
-        results["index_throughput"][shape] = row
-        print(f"# index throughput ({shape}): " + json.dumps(row), flush=True)
+        results["index_throughput"][shape] = shape_row
+        print(f"# index throughput ({shape}): " + json.dumps(shape_row), flush=True)
 
     qvecs = st.embed(queries)
     for n in sizes:
@@ -195,7 +229,7 @@ def main() -> None:
                     for v in range(n // len(base) + 1) for r in base][:n]
             emb = PerturbedEmbedder(cached)
         root = Path(tempfile.mkdtemp(prefix=f"nubos-bench-{n}-"))
-        row: dict = {}
+        row: dict[str, Any] = {}
         mem, build_s = make_memory(root, emb, recs)
         row["build_s"] = build_s
         mem.use_embedder(st)  # queries embed for real
@@ -213,16 +247,17 @@ def main() -> None:
         row["hybrid_warm_ms"] = {"p50": p(lat, 50), "p95": p(lat, 95)}
         row["raw_encode_query_ms_p50"] = p(raw, 50)
         row["hybrid_minus_raw_encode_ms_p50"] = p([a - b for a, b in zip(lat, raw)], 50)
-        lat_lex = [timed(lambda q=q: mem.query(q, k=10, mode="lexical"), 1)[0] for q in queries]
+        lat_lex = [once(functools.partial(mem.query, q, k=10, mode="lexical")) for q in queries]
         row["lexical_warm_ms_p50"] = p(lat_lex, 50)
-        _, index, _ = mem.snap.vectors()
+        _, maybe_index, _ = mem.snap.vectors()
+        assert maybe_index is not None, "the memory has no vector index"
+        index = maybe_index
         vecs = np.asarray(index.vectors)
         graph = index.hnsw()
         graph.set_ef(index.ef_search)
-        row["raw_hnsw_ms_p50"] = p([timed(lambda q=q: graph.knn_query(q.reshape(1, -1), k=10, num_threads=1), 1)[0]
+        row["raw_hnsw_ms_p50"] = p([once(functools.partial(graph.knn_query, q.reshape(1, -1), k=10, num_threads=1))
                                     for q in qvecs[:100]], 50)
-        row["raw_numpy_exact_ms_p50"] = p([timed(lambda q=q: np.argpartition(-(vecs @ q), 10)[:10], 1)[0]
-                                           for q in qvecs[:100]], 50)
+        row["raw_numpy_exact_ms_p50"] = p([once(functools.partial(exact_top10, vecs, q)) for q in qvecs[:100]], 50)
         hits = pool_hits = 0
         for q in qvecs:
             exact = set(np.argsort(-(vecs @ q))[:10].tolist())
@@ -237,20 +272,20 @@ def main() -> None:
         # The product's vector candidate step (top 100) both ways, to place EXACT_LIMIT.
         saved = index.hnsw_path
         index.hnsw_path = None  # force the exact scan
-        row["top100_exact_ms_p50"] = p([timed(lambda q=q: index.top(q, 100), 1)[0] for q in qvecs[:100]], 50)
+        row["top100_exact_ms_p50"] = p([once(functools.partial(index.top, q, 100)) for q in qvecs[:100]], 50)
         index.hnsw_path = saved
-        row["top100_hnsw_ms_p50"] = p([timed(lambda q=q: graph.knn_query(q.reshape(1, -1), k=min(100, len(vecs)),
-                                                                        num_threads=1), 1)[0] for q in qvecs[:100]], 50)
-        docs = [tokenize(lexical_text({"tags": [], **r})) for r in recs]
+        row["top100_hnsw_ms_p50"] = p([once(functools.partial(graph.knn_query, q.reshape(1, -1), k=min(100, len(vecs)),
+                                                              num_threads=1)) for q in qvecs[:100]], 50)
+        docs = [tokenize(lexical_text(as_record({"tags": [], **r}))) for r in recs]
         qterms = [tokenize(q) for q in queries[:20]]
         rb = RankBM25Scorer(docs)
-        row["raw_rank_bm25_ms_p50"] = p([timed(lambda t=t: rb.scores(t), 1)[0] for t in qterms[:(20 if n <= 10_000 else 5)]], 50)
+        row["raw_rank_bm25_ms_p50"] = p([once(functools.partial(rb.scores, t)) for t in qterms[:(20 if n <= 10_000 else 5)]], 50)
         engine = mem.snap.lexical_engine()
-        row["postings_bm25_ms_p50"] = p([timed(lambda t=t: engine.scores(t), 1)[0] for t in qterms], 50)
-        reference = rb.scores(qterms[0])
-        row["postings_equals_rank_bm25"] = bool(np.allclose(engine.scores(qterms[0]), reference, atol=1e-9))
+        row["postings_bm25_ms_p50"] = p([once(functools.partial(engine.scores, t)) for t in qterms], 50)
+        bm25_reference = rb.scores(qterms[0])
+        row["postings_equals_rank_bm25"] = bool(np.allclose(engine.scores(qterms[0]), bm25_reference, atol=1e-9))
         try:
-            import bm25s
+            bm25s: Any = importlib.import_module("bm25s")  # optional: .venv/bin/pip install bm25s
         except ImportError:
             bm25s = None
         if bm25s is not None:
@@ -258,10 +293,13 @@ def main() -> None:
             bm = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
             bm.index([d or [""] for d in docs], show_progress=False)
             row["bm25s_index_s"] = time.perf_counter() - t
-            row["bm25s_ms_p50"] = p([timed(lambda t=t: bm.get_scores([w for w in dict.fromkeys(t) if w in bm.vocab_dict]), 1)[0]
-                                     for t in qterms], 50)
+
+            def known(terms: list[str], vocab: dict[str, int] = bm.vocab_dict) -> list[str]:
+                return [w for w in dict.fromkeys(terms) if w in vocab]
+
+            row["bm25s_ms_p50"] = p([once(functools.partial(bm.get_scores, known(t))) for t in qterms], 50)
             ours = engine.scores(qterms[0])
-            theirs = bm.get_scores([w for w in dict.fromkeys(qterms[0]) if w in bm.vocab_dict])
+            theirs = bm.get_scores(known(qterms[0]))
             # bm25s' "lucene" leaves out the constant (k1 + 1): same ranking, scores / 2.5.
             row["bm25s_equals_ours_over_k1p1"] = bool(np.allclose(theirs, ours / 2.5, rtol=1e-4, atol=1e-4))
         # One agent write into this warm memory (embeds one short record, commits the derived files).
@@ -283,16 +321,15 @@ def main() -> None:
         row["cold_lexical_query_ms"] = statistics.median(
             cli(root, "memory-query", "--mode", "lexical", queries[3]) for _ in range(5))
         row["python_startup_ms"] = statistics.median(
-            timed(lambda: subprocess.run([sys.executable, "-c", "pass"]), 5))
+            timed(functools.partial(subprocess.run, [sys.executable, "-c", "pass"]), 5))
         # Peak RSS of a warm process at this size: a fresh process loads the memory, answers 20
         # hybrid queries, takes one write (as memory-serve would) and 20 more queries. Read from
         # VmHWM: ru_maxrss survives fork+exec on Linux and would report this parent's size.
-        probe = ("import json,sys; sys.path.insert(0, %r); from nubos_memory import Memory; "
-                 "m = Memory.open(%r); qs = json.loads(sys.argv[1]); [m.query(q, k=10) for q in qs]; "
+        probe = (f"import json,sys; sys.path.insert(0, {str(REPO)!r}); from nubos_memory import Memory; "
+                 f"m = Memory.open({str(root)!r}); qs = json.loads(sys.argv[1]); [m.query(q, k=10) for q in qs]; "
                  "m.add({'type': 'learning', 'title': 'rss probe', 'body': 'one write'}, force=True); "
                  "[m.query(q, k=10) for q in qs]; "
-                 "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])"
-                 ) % (str(REPO), str(root))
+                 "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])")
         out = subprocess.run([sys.executable, "-c", probe, json.dumps(queries[:20])], capture_output=True, text=True)
         row["warm_peak_rss_mb"] = int(out.stdout.strip().splitlines()[-1]) / 1024 if out.returncode == 0 else None
         if out.returncode != 0:
@@ -307,7 +344,7 @@ def main() -> None:
     print_tables(results)
 
 
-def print_tables(results: dict) -> None:
+def print_tables(results: dict[str, Any]) -> None:
     """The tables docs/benchmarks.md records: measurements, then targets with pass/fail."""
     sizes = results["sizes"]
     print("\n| records | hybrid warm p50 / p95 ms | raw query encode p50 ms | hybrid − encode p50 ms | lexical warm p50 ms "
@@ -332,10 +369,10 @@ def print_tables(results: dict) -> None:
         print(f"| {shape} | {t['records']} | {t['pieces']} | {t['memory_index_per_s']:.1f} "
               f"| {t['raw_encode_pieces_per_s']:.1f} | {t['ratio_vs_same_pieces']:.2f} "
               f"| {t['raw_encode_truncated_per_s']:.1f} | {t['ratio_vs_truncated']:.2f} |")
-    checks = []
+    checks: list[tuple[str, str, str, str]] = []
     get = sizes.get
 
-    def check(name, value, limit, ok, unit=""):
+    def check(name: str, value: float | None, limit: str, ok: bool, unit: str = "") -> None:
         if value is not None:
             checks.append((name, f"{value:.3g}{unit}", limit, "met" if ok else "MISSED"))
 

@@ -21,7 +21,7 @@ query path).  Four kinds of pairs:
 
 Run from the repository root:
 
-    .venv/bin/python bench/dedup_collapse.py [--report bench/dedup_collapse_results.md]
+    .venv/bin/python experiments/dedup_collapse.py [--report experiments/dedup_collapse_results.md]
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def run(report: Path | None) -> str:
         "",
         f"Run {RUN_DATE} on {RUN_HOST}. Model `{DEFAULT_MODEL}`, `memory.near_duplicate` 0.90 (collapse "
         "threshold), k = 5. Per pair: a scratch memory, add a, add b, query a's title and b's title. "
-        "`python bench/dedup_collapse.py --report bench/dedup_collapse_results.md`.",
+        "`python experiments/dedup_collapse.py --report experiments/dedup_collapse_results.md`.",
         "",
         "| pairs | n | b stored | b named a near duplicate | shown once (collapsed) in both queries | "
         "both shown in both queries | b (the newest) shown in both queries |",

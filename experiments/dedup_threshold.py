@@ -18,7 +18,7 @@ wrongly rejected write loses data while a missed duplicate only costs a copy.
 
 Run from the repository root:
 
-    .venv/bin/python bench/dedup_threshold.py [--report bench/dedup_threshold_results.md]
+    .venv/bin/python experiments/dedup_threshold.py [--report experiments/dedup_threshold_results.md]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 An offline harness for the LoCoMo-recall issue.  It reuses the package's own
 pieces read-only -- ``PostingsBM25`` + ``tokenize`` + ``lexical_text`` for BM25,
 ``SentenceTransformerEmbedder`` (window pooling included) for vectors,
-``load_beir`` and the metric functions of ``nubos_memory.evaluate`` -- and
+``load_beir`` and the metric functions of ``nubos_memory.evaluation`` -- and
 precomputes, per memory, the full query x record matrices of raw BM25 and of
 cosine similarity.  Every fusion variant is then a few numpy operations over
 those matrices, so hundreds of variants run in seconds.
@@ -23,16 +23,19 @@ Embeddings are cached as .npy (+ .json sidecar with the sha256 of the texts)
 under $RECALL_TUNE_CACHE (default /tmp/recall_tune_cache); before embedding, a
 text is looked up in memory-eval's own cache (~/.cache/nubos-memory).
 
+Datasets: $LOCOMO_DIR and $SCIFACT_DIR, else ``locomo-dev/`` and ``scifact/`` under
+$NUBOS_MEMORY_DATASETS, else under ../shared/datasets beside the repository.
+
 Run (repository root, project venv)::
 
-    .venv/bin/python bench/recall_tune.py embed --units locomo --templates nl,colon,colon_nl,body,dot,ctxprev,ctxnext,ctx3
-    .venv/bin/python bench/recall_tune.py embed --units scifact --templates nl,smart
-    .venv/bin/python bench/recall_tune.py embed --units agent --templates nl,smart
-    .venv/bin/python bench/recall_tune.py check --units conv-00,scifact   # vs memory-eval JSON in $RT_BASE
-    .venv/bin/python bench/recall_tune_exp.py final        # experiments: see recall_tune_exp.py
+    .venv/bin/python experiments/recall_tune.py embed --units locomo --templates nl,colon,colon_nl,body,dot,ctxprev,ctxnext,ctx3
+    .venv/bin/python experiments/recall_tune.py embed --units scifact --templates nl,smart
+    .venv/bin/python experiments/recall_tune.py embed --units agent --templates nl,smart
+    .venv/bin/python experiments/recall_tune.py check --units conv-00,scifact   # vs memory-eval JSON in $RT_BASE
+    .venv/bin/python experiments/recall_tune_exp.py final        # experiments: see recall_tune_exp.py
 
 ``proposal()`` at the end is the recommended default as the product would run it
-(bench/recall_tune_results.md).
+(experiments/recall_tune_results.md).
 """
 
 from __future__ import annotations
@@ -58,13 +61,15 @@ import numpy as np  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from nubos_memory.api.evaluate import load_beir, ndcg_at_k, recall_at_k, record_id  # noqa: E402
+from nubos_memory.evaluation import load_beir, ndcg_at_k, recall_at_k, record_id  # noqa: E402
 from nubos_memory.index.lexical import PostingsBM25  # noqa: E402
 from nubos_memory.records import MAX_BODY, MAX_TITLE, lexical_text  # noqa: E402
 from nubos_memory.tokenize import tokenize  # noqa: E402
 
-LOCOMO = Path(os.environ.get("LOCOMO_DIR", "/work/shared/datasets/locomo-dev"))
-SCIFACT = Path(os.environ.get("SCIFACT_DIR", "/work/shared/datasets/scifact"))
+# Datasets: $LOCOMO_DIR / $SCIFACT_DIR, else under $NUBOS_MEMORY_DATASETS, else ../shared/datasets beside the repository.
+DATASETS = Path(os.environ.get("NUBOS_MEMORY_DATASETS") or REPO.parent / "shared" / "datasets")
+LOCOMO = Path(os.environ.get("LOCOMO_DIR") or DATASETS / "locomo-dev")
+SCIFACT = Path(os.environ.get("SCIFACT_DIR") or DATASETS / "scifact")
 CACHE = Path(os.environ.get("RECALL_TUNE_CACHE", "/tmp/recall_tune_cache"))
 N_CAND = 100
 THRESHOLD = 0.25
@@ -257,7 +262,7 @@ def embedder():
 
 def _eval_cache():
     """memory-eval's cache (text sha256[:32] -> vector), read-only."""
-    from nubos_memory.api.evaluate import default_cache_dir
+    from nubos_memory.evaluation import default_cache_dir
 
     out = {}
     root = default_cache_dir()
@@ -360,7 +365,7 @@ def rank_metrics(u: Unit, fused: np.ndarray, keep: np.ndarray, rows: np.ndarray 
 
 
 def _selftest_metrics(u: Unit, fused, keep, rows) -> None:
-    """Cross-check the vectorised metrics against nubos_memory.evaluate's on a few queries."""
+    """Cross-check the vectorised metrics against nubos_memory.evaluation's on a few queries."""
     m = rank_metrics(u, fused, keep, rows)
     for j, qi in enumerate(rows[:25]):
         s = np.where(keep[qi], fused[qi], -np.inf)

@@ -1,6 +1,6 @@
 """Per-query cost of the proposal's extra work (numpy, one query, one thread), vs the plain fusion.
 
-    .venv/bin/python bench/recall_tune_cost.py
+    .venv/bin/python experiments/recall_tune_cost.py
 """
 import time
 

@@ -1,9 +1,9 @@
-"""Experiments for bench/recall_tune_results.md (harness: bench/recall_tune.py).
+"""Experiments for experiments/recall_tune_results.md (harness: experiments/recall_tune.py).
 
-    .venv/bin/python bench/recall_tune_exp.py templates
-    .venv/bin/python bench/recall_tune_exp.py fusion
-    .venv/bin/python bench/recall_tune_exp.py smooth
-    .venv/bin/python bench/recall_tune_exp.py final
+    .venv/bin/python experiments/recall_tune_exp.py templates
+    .venv/bin/python experiments/recall_tune_exp.py fusion
+    .venv/bin/python experiments/recall_tune_exp.py smooth
+    .venv/bin/python experiments/recall_tune_exp.py final
 """
 
 from __future__ import annotations

@@ -28,15 +28,16 @@ Every choice is made on TRAIN; TEST is only reported.
 
 Run (from the repository root, with the project venv)::
 
-    .venv/bin/python bench/scifact_tune.py --encode          # embeddings -> /tmp/scifact_cache (slow: ~10 min on 2 cores)
-    .venv/bin/python bench/scifact_tune.py --exp all         # every experiment (about a minute once cached)
-    .venv/bin/python bench/scifact_tune.py --exp 2,3         # a subset
-    # the run behind bench/scifact_tune_results.md (embedding and threshold fixed from experiments 4 and 3):
-    .venv/bin/python bench/scifact_tune.py --exp all --embed maxsim --threshold 0.25
+    .venv/bin/python experiments/scifact_tune.py --encode          # embeddings -> /tmp/scifact_cache (slow: ~10 min on 2 cores)
+    .venv/bin/python experiments/scifact_tune.py --exp all         # every experiment (about a minute once cached)
+    .venv/bin/python experiments/scifact_tune.py --exp 2,3         # a subset
+    # the run behind experiments/scifact_tune_results.md (embedding and threshold fixed from experiments 4 and 3):
+    .venv/bin/python experiments/scifact_tune.py --exp all --embed maxsim --threshold 0.25
 
 Embeddings are cached as .npy (+ a .json sidecar with the sha256 of the texts)
 under $SCIFACT_CACHE (default /tmp/scifact_cache); the data is read from
-$SCIFACT_DIR (default /work/shared/datasets/scifact).
+$SCIFACT_DIR, else ``scifact/`` under $NUBOS_MEMORY_DATASETS, else ../shared/datasets/scifact
+beside the repository.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ sys.path.insert(0, str(REPO))
 
 from nubos_memory.tokenize import STOP_WORDS, _parts, tokenize  # noqa: E402
 
-DATA = Path(os.environ.get("SCIFACT_DIR", "/work/shared/datasets/scifact"))
+DATA = Path(os.environ.get("SCIFACT_DIR") or Path(os.environ.get("NUBOS_MEMORY_DATASETS") or REPO.parent / "shared"
+                                                   / "datasets") / "scifact")
 CACHE = Path(os.environ.get("SCIFACT_CACHE", "/tmp/scifact_cache"))
 K1, B = 1.5, 0.75
 MAX_TOKENS = 254  # 256-wordpiece window minus [CLS] and [SEP]

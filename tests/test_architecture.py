@@ -7,7 +7,8 @@ Layers, lowest first; a module may import its own sub-package and any lower laye
     index, embed         derived indexes; text → vectors
     store                where the log, the lock and derived state live
     search, ingest       answering a query; markdown → records
-    api                  the Memory facade, its write path and vector sync, stats, eval
+    api                  the Memory facade, its write path and vector sync, stats, context
+    evaluation           memory-eval: BEIR loading, metrics, the embedding cache, the runner
     interfaces           cli, verbs, memory-serve, its client, memory-mcp
 """
 
@@ -23,7 +24,8 @@ from .conftest import REPO
 PACKAGE = REPO / "nubos_memory"
 FOUNDATION = {"errors", "limits", "types", "fsio", "faults", "trust", "userdirs", "config", "records", "tokenize",
               "progress", "codes"}
-LAYER = {"foundation": 0, "index": 1, "embed": 1, "store": 2, "search": 3, "ingest": 3, "api": 4, "interfaces": 5}
+LAYER = {"foundation": 0, "index": 1, "embed": 1, "store": 2, "search": 3, "ingest": 3, "api": 4, "evaluation": 5,
+         "interfaces": 6}
 # The package's front door re-exports the facade (lazily); ``python -m`` runs the CLI.
 ENTRY_POINTS = {"__init__", "__main__"}
 

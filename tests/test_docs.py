@@ -6,12 +6,12 @@ import re
 
 import pytest
 
-from nubos_memory.interfaces.cli import VERBS, build_parser
+from nubos_memory.interfaces.cli import COMMANDS, build_parser
 
 from .conftest import REPO
 
 
-@pytest.mark.parametrize("verb", sorted(VERBS))
+@pytest.mark.parametrize("verb", sorted(COMMANDS))
 def test_every_verb_has_help_and_is_documented(verb, capsys):
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args([verb, "--help"])

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from nubos_memory.api.evaluate import mrr_at_k, ndcg_at_k, recall_at_k, record_id
+from nubos_memory.evaluation import mrr_at_k, ndcg_at_k, recall_at_k, record_id
 
 from .conftest import run_cli
 

@@ -29,8 +29,9 @@ from ..embed import Embedder, make_embedder
 from ..errors import DisabledError, InputError, NubosMemoryError, StoreError, UsageError
 from ..faults import crash_point
 from ..fsio import DIR_MODE, atomic_write_bytes, dumps, read_regular
-from ..limits import FUSIONS, MAX_ECHO, MAX_GET, MAX_K, MAX_PHASE, MAX_QUERY_CHARS, MAX_REASON, MAX_TOKENS, MODES
+from ..limits import MAX_ECHO, MAX_GET, MAX_PHASE, MAX_QUERY_CHARS, MAX_REASON
 from ..log import LogScan, read
+from ..params import QUERY_PARAMS, check
 from ..progress import Reporter, stage
 from ..records import (
     SCHEMA_VERSION,
@@ -342,22 +343,11 @@ class Memory:
         if len(text) > MAX_QUERY_CHARS:
             raise InputError(f"query text is longer than {MAX_QUERY_CHARS} characters", code="query-too-long",
                              details={"length": len(text), "limit": MAX_QUERY_CHARS})
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
-            raise InputError(f"k must be an integer in 1..{MAX_K}", code="query-invalid-k", details={"k": k})
         alpha = self.config.alpha if alpha is None else alpha
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
-            raise InputError("alpha must be a number in [0, 1]", code="query-invalid-alpha", details={"alpha": alpha})
         fusion = fusion or self.config.fusion
-        if fusion not in FUSIONS:
-            raise InputError(f"fusion must be one of {list(FUSIONS)}", code="query-invalid-fusion",
-                             details={"fusion": str(fusion)[:MAX_ECHO]})
-        if mode not in MODES:
-            raise InputError(f"mode must be one of {list(MODES)}", code="query-invalid-mode",
-                             details={"mode": str(mode)[:MAX_ECHO]})
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
-                                       or not 1 <= max_tokens <= MAX_TOKENS):
-            raise InputError("max_tokens must be a positive integer", code="query-invalid-max-tokens",
-                             details={"max_tokens": max_tokens})
+        for name, value in (("k", k), ("alpha", alpha), ("fusion", fusion), ("mode", mode),
+                            ("max_tokens", max_tokens)):
+            check(QUERY_PARAMS[name], value)  # as declared (params.py): the one check of every caller
         self._check_filters(type, phase, tags)
         result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
                            fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact)
@@ -382,8 +372,7 @@ class Memory:
         if phase is not None and not one_line(phase, MAX_PHASE):
             raise InputError(f"a phase filter is 1-{MAX_PHASE} characters on one line", code="query-invalid-phase",
                              details={"phase": str(phase)[:MAX_ECHO]})
-        if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
-            raise InputError("tags must be a list of strings", code="query-invalid-tags")
+        check(QUERY_PARAMS["tags"], tags)
 
     @_answer
     def rebuild(self, progress: Reporter | None = None, *, reembed: bool = False) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """``np-tools``: the verbs on the command line.
 
-This module only parses arguments (choices and bounds come from
-``limits.py``), hands the request to the verb table (``verbs.py``) — through a
+This module only parses arguments (the flags are made from each verb's declaration in
+``params.py``), hands the request to the verb table (``verbs.py``) — through a
 running ``memory-serve`` when there is one of ours (``client.py``) — and
 prints one JSON document on stdout, or the error envelope on stderr with the
 exit code of its class (``errors.py``).
@@ -14,15 +14,18 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DisabledError, UsageError, failure
 from ..fsio import dumps, printable
-from ..limits import EVAL_MODES, FORMAT_ALIASES, FORMATS, FUSIONS, MODES, PROGRESS_MODES, PROVENANCES
-from .verbs import VERBS, Context, Request, prepare, run
+from ..limits import PROGRESS_MODES
+from ..params import SERVE
+from .verbs import VERBS, Context, Request, Verb, prepare, run
 
 if TYPE_CHECKING:
     from ..api.memory import Memory
+    from ..params import Param
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,103 +42,96 @@ def open_memory(root: str | None) -> "Memory":
     return Memory.open(root)
 
 
-def _arguments(name: str, p: argparse.ArgumentParser) -> None:
-    """The flags of one verb (their names are the request's keys)."""
-    if name == "memory-add":
-        p.add_argument("--type", required=True, help="learning|handoff|critic|research (or a configured type)")
-        p.add_argument("--title", required=True)
-        p.add_argument("--body", help="body text (else --body-file, else stdin)")
-        p.add_argument("--body-file", help="read the body from this file ('-' for stdin)")
-        p.add_argument("--tags", help="comma-separated tags")
-        p.add_argument("--phase")
-        p.add_argument("--provenance", help="|".join(PROVENANCES))
-        p.add_argument("--id", help="record id (default: a new UUIDv4)")
-        p.add_argument("--created-at", help="ISO-8601 timestamp (default: now)")
-        p.add_argument("--supersedes", help="id of the live record this one replaces (it leaves all results)")
-        p.add_argument("--importance", type=float, help="0..1; reorders near-ties in results (default: unset)")
-        p.add_argument("--force", action="store_true", help="store it even if it repeats a live record's text")
-    elif name == "memory-index":
-        p.add_argument("--records-file", required=True, help="JSON array or JSONL file, '-' for stdin")
-        p.add_argument("--force", action="store_true", help="store exact duplicates of live records too")
-    elif name == "memory-get":
-        p.add_argument("ids", nargs="+", metavar="ID", help="record ids (from hits, duplicate_of, supersedes)")
-    elif name == "memory-forget":
-        p.add_argument("ids", nargs="+", metavar="ID", help="record ids to retire")
-        p.add_argument("--reason", default="forgotten", help="why (kept in the tombstone; default: forgotten)")
-    elif name == "memory-redact":
-        p.add_argument("ids", nargs="+", metavar="ID", help="record ids whose text must leave the memory")
-        p.add_argument("--reason", default="redacted", help="why (kept in the content-free redact line)")
-    elif name == "memory-drop-namespace":
-        p.add_argument("namespace", metavar="NAMESPACE", help="the namespace to delete (memory-namespaces lists them)")
-        p.add_argument("--yes", action="store_true", help="really delete it, for every machine")
-    elif name == "memory-ingest":
-        p.add_argument("paths", nargs="+", metavar="PATH",
-                       help="markdown files or folders, relative to the project root")
-        p.add_argument("--include", action="append", metavar="GLOB",
-                       help="only files matching (repeatable; default *.md, *.markdown)")
-        p.add_argument("--exclude", action="append", metavar="GLOB", help="skip files matching (repeatable)")
-        p.add_argument("--prune-missing", action="store_true",
-                       help="retire chunks of files under these paths that no longer exist")
-        p.add_argument("--type", help="record type (default: learning for files with a frontmatter "
-                                      "category, else research)")
-    elif name == "memory-prune":
-        p.add_argument("--unused-for", required=True, help="window such as 90d, 12h or 2w")
-        p.add_argument("--dry-run", action="store_true", help="report what would be retired, retire nothing")
-    elif name == "memory-query":
-        p.add_argument("positional", nargs="*", metavar="TEXT", help="query text (or --text)")
-        p.add_argument("--text")
-        p.add_argument("--k", type=int, default=8, help="number of hits (default 8)")
-        p.add_argument("--type", help="only records of this type (an unknown type is an error listing the types)")
-        p.add_argument("--phase", help="only this phase and the phases under it (M001 finds M001-S002-T0001)")
-        p.add_argument("--phase-exact", action="store_true", help="--phase matches that phase only")
-        p.add_argument("--tags", help="comma-separated; a hit needs at least one")
-        p.add_argument("--alpha", type=float, help="lexical weight in [0, 1] (default from config)")
-        p.add_argument("--fusion", choices=FUSIONS)
-        p.add_argument("--explain", action="store_true", help="show each hit's score parts")
-        p.add_argument("--no-collapse", action="store_true",
-                       help="list near duplicates as separate hits (default: the newest of them, counted)")
-        p.add_argument("--mode", choices=MODES, default="hybrid",
-                       help="rank by both signals (default) or by one only; lexical never loads the model")
-        p.add_argument("--max-tokens", type=int, help="keep the best hits that fit this many tokens (chars/4)")
-        p.add_argument("--format", choices=FORMATS + tuple(FORMAT_ALIASES), default="json",
-                       help="json (default), or markdown (md): a context block ready to inject")
-    elif name == "memory-export":
-        p.add_argument("file", metavar="FILE", help="where to write the records.jsonl (replaced atomically)")
-    elif name == "memory-import":
-        p.add_argument("file", metavar="FILE", help="a records.jsonl (of this or another store)")
-    elif name == "memory-rebuild":
-        p.add_argument("--reembed", action="store_true",
-                       help="embed every record again instead of reusing vectors of unchanged text")
-    elif name == "memory-serve":
-        p.add_argument("--idle-timeout", type=float, default=0.0,
-                       help="stop after this many seconds without a request (default: never)")
-    elif name == "memory-eval":
-        p.add_argument("--beir", required=True, nargs="+", metavar="DIR",
-                       help="BEIR folder(s): corpus.jsonl, queries.jsonl, qrels/<split>.tsv; several are scored "
-                            "one memory each and averaged over their questions")
-        p.add_argument("--split", default="test")
-        p.add_argument("--mode", choices=(*EVAL_MODES, "all"), default="all",
-                       help="hybrid: the configured fusion; alpha, rrf: the other fusions; or one side")
-        p.add_argument("--keep-identical-ids", action="store_true",
-                       help="count a hit whose id equals the query's id (BEIR's protocol drops it)")
-        p.add_argument("--report", metavar="FILE", help="also write the results as a markdown table")
-        p.add_argument("--k", type=int, default=10)
-        p.add_argument("--alpha", type=float)
-        p.add_argument("--max-queries", type=int, help="evaluate only the first N judged queries")
-        p.add_argument("--no-cache", action="store_true", help="do not reuse or store dataset embeddings")
+def add_arguments(p: argparse.ArgumentParser, params: "Sequence[Param]") -> None:
+    """The flags of one verb, made from its declaration (``params.py``; their names are the request's keys)."""
+    for param in params:
+        if param.cli == "none":
+            continue
+        kw: dict[str, Any] = {} if param.help is None else {"help": param.help}
+        if param.metavar is not None:
+            kw["metavar"] = param.metavar
+        if param.cli == "positional":
+            if param.nargs is not None:
+                kw["nargs"] = param.nargs
+            p.add_argument(param.name, **kw)
+            continue
+        kind = param.cli_kind or param.kind
+        if kind is bool:
+            p.add_argument(param.flag, action="store_true", **kw)
+            continue
+        if param.append:
+            p.add_argument(param.flag, action="append", **kw)
+            continue
+        if param.required:
+            kw["required"] = True
+        if param.nargs is not None:
+            kw["nargs"] = param.nargs
+        if kind in (int, float):
+            kw["type"] = kind
+        if param.choices:
+            kw["choices"] = param.choices
+        if param.default is not None:
+            kw["default"] = param.default
+        p.add_argument(param.flag, **kw)
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """A command that serves the verbs instead of being one (it holds the process)."""
+
+    name: str
+    help: str
+    params: "tuple[Param, ...]" = ()
+
+
+def _serve(request: Request) -> Any:
+    from .server import run_server
+
+    return run_server(request.get("root"), float(request.get("idle_timeout") or 0.0))
+
+
+def _mcp(request: Request) -> Any:
+    from .mcp_server import run_mcp
+
+    run_mcp(request.get("root"))
+    return None  # stdout belonged to the protocol: nothing more is printed
+
+
+LAUNCHERS = {
+    "memory-serve": (Launcher("memory-serve", "keep this memory warm and answer the other verbs over a Unix socket",
+                              SERVE), _serve),
+    "memory-mcp": (Launcher("memory-mcp", "serve this memory's tools to an agent over the Model Context Protocol "
+                            "(stdio)"), _mcp),
+}
+COMMANDS: "dict[str, Verb | Launcher]" = {**VERBS, **{name: spec for name, (spec, _) in LAUNCHERS.items()}}
+
+
+def launch(name: str, request: Request) -> tuple[int, str, Any]:
+    """Run a launcher: ``(exit code, stream, document)`` like a verb."""
+    try:
+        return 0, "stdout", LAUNCHERS[name][1](request)
+    except DisabledError as exc:
+        if request.get("skip_if_disabled"):
+            return 0, "stdout", {"skipped": True, "reason": "memory-disabled"}
+        return exc.exit_code, "stderr", {"error": exc.to_dict()}
+    except BaseException as exc:
+        if isinstance(exc, SystemExit):
+            raise
+        code, envelope = failure(exc)
+        return code, "stderr", envelope
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="np-tools", description="nubos-memory: long-term memory for AI coding agents. "
                      "Every verb prints one JSON document on stdout; errors are JSON on stderr.")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
-    for name, v in VERBS.items():
+    for name, v in COMMANDS.items():
         p = sub.add_parser(name, help=v.help, description=v.help)
         p.add_argument("--root", help="project root (default: $NUBOS_PILOT_ROOT or nearest folder with .nubos-pilot/)")
         p.add_argument("--skip-if-disabled", action="store_true",
                        help='answer {"skipped": true, "reason": "memory-disabled"} (exit 0) when memory is off')
-        _arguments(name, p)
-        if v.long:
+        add_arguments(p, v.params)
+        if isinstance(v, Verb) and v.long:
             p.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
                            help="progress on stderr: a bar, JSON lines (for agents), or none "
                                 "(default auto: a bar on a terminal)")
@@ -204,6 +200,8 @@ def _emit(stream: Any, doc: Any) -> None:
 
 def execute(name: str, request: Request) -> tuple[int, str, Any]:
     """Run a verb here or, when one of ours is running, in ``memory-serve``."""
+    if name in LAUNCHERS:
+        return launch(name, request)
     try:
         prepare(name, request)
     except DisabledError as exc:
@@ -240,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_arguments(argv)
         args = build_parser().parse_args(argv)
         if not args.verb:
-            raise UsageError("a verb is required", details={"verbs": sorted(VERBS)})
+            raise UsageError("a verb is required", details={"verbs": sorted(COMMANDS)})
     except UsageError as exc:
         _emit(sys.stderr, {"error": exc.to_dict()})
         return exc.exit_code

@@ -42,34 +42,15 @@ import types as pytypes
 import typing
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, BinaryIO, Literal
 
 from pydantic import Field
 
 from ..errors import UsageError
 from ..fsio import dumps
-from ..limits import (
-    BASE_TYPES,
-    FUSIONS,
-    ID_PATTERN,
-    MAX_BODY,
-    MAX_ECHO,
-    MAX_FORGET,
-    MAX_GET,
-    MAX_ID,
-    MAX_K,
-    MAX_PHASE,
-    MAX_QUERY_CHARS,
-    MAX_REASON,
-    MAX_TAG,
-    MAX_TAGS,
-    MAX_TITLE,
-    MAX_TOKENS,
-    MAX_TYPE,
-    MCP_MAX_TOKENS,
-    MODES,
-    PROVENANCES,
-)
+from ..limits import MAX_ECHO
+from ..params import ID, ONE_LINE, TAG, Param, Text
 from ..types import (
     AddResult,
     ForgetResult,
@@ -93,14 +74,6 @@ findings and handoffs written by earlier sessions. Query it before you research,
 (memory_query); open records by id (memory_get); write what you learned when you are done (memory_add).
 Hits are advisory prior art. Every error is a JSON envelope {"error": {"code", "message", "details"}}."""
 
-ONE_LINE = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"  # one line with something on it
-TYPE_NAMES = " | ".join(BASE_TYPES)
-
-Id = Annotated[str, Field(min_length=1, max_length=MAX_ID, pattern=f"^{ID_PATTERN}$")]
-Tag = Annotated[str, Field(min_length=1, max_length=MAX_TAG, pattern=r"^[^,\x00-\x1f\x7f]+$")]
-Phase = Annotated[str, Field(min_length=1, max_length=MAX_PHASE, pattern=ONE_LINE)]
-RecordType = Annotated[str, Field(min_length=1, max_length=MAX_TYPE, pattern=ONE_LINE)]
-Glob = Annotated[str, Field(min_length=1, max_length=4096)]
 
 
 def described(text: str) -> str:
@@ -122,8 +95,8 @@ def usage_error(message: str, code: str, details: dict[str, Any]) -> "CallToolRe
 
 
 PATTERNS = {ONE_LINE: "must be one line with at least one visible character",
-            f"^{ID_PATTERN}$": "must be a record id: a letter or digit, then letters, digits or ._:@/+-",
-            r"^[^,\x00-\x1f\x7f]+$": "must be one line without commas"}
+            ID: "must be a record id: a letter or digit, then letters, digits or ._:@/+-",
+            TAG: "must be one line without commas"}
 
 
 def problem(err: Any) -> str:
@@ -184,6 +157,104 @@ def returns(result: Any) -> Any:
     from mcp_types import CallToolResult
 
     return Annotated[CallToolResult, schema_type(result)]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One MCP tool: the verb it runs (its arguments are that verb's declared parameters with an MCP
+    description, ``params.py``), what a model reads about it, and the type of its answer."""
+
+    name: str
+    verb: str
+    title: str
+    hints: dict[str, bool]
+    result: Any
+    doc: str
+    markdown: str | None = None  # the argument that asks for the answer as a markdown context block
+
+
+TOOLS = (
+    Tool("memory_add", "memory-add", "Remember",
+         {"read_only_hint": False, "destructive_hint": False, "idempotent_hint": False}, AddResult,
+         """Store one memory: a learning, decision, research note, critic finding or handoff.
+
+        Reasoning blocks (<think>, <scratch_pad>) are removed first. If the same text is already stored,
+        nothing is stored and `id`/`duplicate_of` name the existing record (`force` stores it anyway).
+        A near duplicate is stored and reported in `near_duplicate_of`. `supersedes` retires the record
+        this one replaces."""),
+    Tool("memory_query", "memory-query", "Recall", {"read_only_hint": True, "idempotent_hint": True}, QueryResult,
+         """Recall prior learnings, decisions and research relevant to a task, best first.
+
+        Hybrid keyword + semantic search. Filters that cannot match say so in `warnings`. If the vector
+        layer is unavailable the answer is keyword-only and says so in `degraded`. Hits carry ids that
+        memory_get opens.""", markdown="format"),
+    Tool("memory_get", "memory-get", "Open records by id", {"read_only_hint": True, "idempotent_hint": True},
+         GetResult,
+         """Open records by id, live or retired: a retired record says why, when and by what.
+
+        Ids no record has are listed in `missing`; when none is found it is an error (record-not-found)."""),
+    Tool("memory_ingest", "memory-ingest", "Ingest markdown",
+         {"read_only_hint": False, "destructive_hint": True, "idempotent_hint": True}, IngestResult,
+         """Index markdown knowledge (CLAUDE.md, docs/, ADRs, memory files with frontmatter), split on ## headings.
+
+        Each chunk is titled with its document and heading ("ADR 0004 — Locking › Context"). Re-running is
+        cheap: unchanged files change nothing; changed files replace exactly their old chunks. A file that
+        cannot be read is reported in `failed` and passed over; the others are ingested."""),
+    Tool("memory_forget", "memory-forget", "Forget",
+         {"read_only_hint": False, "destructive_hint": True, "idempotent_hint": True}, ForgetResult,
+         """Retire records by id: they never appear in results again.
+
+        The log keeps them (append-only) and memory_get still opens them, marked retired."""),
+    Tool("memory_stats", "memory-stats", "Memory statistics", {"read_only_hint": True, "idempotent_hint": True},
+         Stats, """Counts, model, runtime, timestamps and a consistency report (every problem with its why)."""),
+    Tool("memory_rebuild", "memory-rebuild", "Rebuild derived files",
+         {"read_only_hint": False, "destructive_hint": False, "idempotent_hint": True}, RebuildResult,
+         """Rebuild every derived file (vector index, keymap, lexical index) from records.jsonl.
+
+        Needed after changing the embedding model (answers say memory-rebuild-required). Unchanged
+        text under the same model is not re-embedded. Nothing written is changed or lost."""),
+)
+
+
+def annotation(param: Param) -> Any:
+    """A parameter's declaration as the pydantic type the SDK makes the tool's input schema from."""
+    def bounded(text: Text | None) -> Any:
+        limits: dict[str, Any] = {} if text is None else {
+            k: v for k, v in (("min_length", text.min_length), ("max_length", text.max_length),
+                              ("pattern", text.pattern)) if v is not None}
+        return Annotated[str, Field(**limits)] if limits else str
+
+    outer: dict[str, Any] = {"description": param.describe}
+    choices = param.tool_choices if param.tool_choices is not None else param.choices
+    if param.kind is list:
+        base: Any = list[bounded(param.text)]  # type: ignore[misc]
+        outer.update((k, v) for k, v in (("min_length", param.min_items), ("max_length", param.max_items))
+                     if v is not None)
+    elif param.kind is str:
+        base = Literal[choices] if choices else bounded(param.text)
+    else:
+        base = param.kind
+        outer.update((k, v) for k, v in (("ge", param.ge), ("le", param.le)) if v is not None)
+    typed = Annotated[base, Field(**outer)]
+    return typed if param.required or param.tool_required or param.for_tool is not None else typed | None
+
+
+def tool_function(tool: Tool, call: Callable[..., Any]) -> Callable[..., Any]:
+    """The function the SDK registers for ``tool``: its signature is the verb's declared parameters (the
+    SDK reads the input schema from it, and the output schema from its return annotation)."""
+    params = [p for p in VERBS[tool.verb].params if p.describe is not None]
+
+    def run_tool(**arguments: Any) -> Any:
+        markdown = tool.markdown is not None and arguments.pop(tool.markdown, None) == "markdown"
+        return call(tool.verb, arguments, markdown=markdown)
+
+    run_tool.__name__ = run_tool.__qualname__ = tool.name
+    run_tool.__doc__ = tool.doc
+    run_tool.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation(p),
+                           default=inspect.Parameter.empty if p.required or p.tool_required else p.for_tool)
+         for p in params], return_annotation=returns(tool.result))
+    return run_tool
 
 
 def build_server(root: str | None) -> tuple[Any, "WarmMemory"]:
@@ -264,150 +335,9 @@ def build_server(root: str | None) -> tuple[Any, "WarmMemory"]:
         text = render_markdown(doc) if markdown else dumps(doc).decode()
         return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=doc)
 
-    def memory_add(
-        type: Annotated[RecordType, Field(description=f"What kind of memory this is: {TYPE_NAMES} (or a type the "
-                                                      "project configured). Example: \"learning\".")],
-        title: Annotated[str, Field(min_length=1, max_length=MAX_TITLE, pattern=ONE_LINE,
-                                    description="One line: the point, findable later. Example: \"Pin pnpm with "
-                                                "corepack: CI cache broke on lockfile drift\".")],
-        body: Annotated[str, Field(max_length=MAX_BODY, description="The details: rationale, evidence, commands. "
-                                                                    "May be empty.")] = "",
-        tags: Annotated[list[Tag], Field(max_length=MAX_TAGS, description="Labels for filtering, e.g. "
-                                                                          "[\"ci\", \"pnpm\"].")] | None = None,
-        phase: Annotated[Phase, Field(description="The plan phase this belongs to, hierarchical, e.g. "
-                                                  "\"M005-S007-T0002\".")] | None = None,
-        provenance: Annotated[Literal[PROVENANCES], Field(  # type: ignore[valid-type]
-            description="How sure this is: VERIFIED (checked), CITED (from a source), ASSUMED (inferred), "
-                        "CACHED (copied from an earlier answer). Shown as a label in markdown answers.")] | None = None,
-        id: Annotated[Id, Field(description="Your own stable id (letters, digits, ._:@/+-); a new UUID when "
-                                            "left out.")] | None = None,
-        supersedes: Annotated[Id, Field(description="The id of a record this one replaces (a correction or a "
-                                                    "newer decision); that record is retired.")] | None = None,
-        importance: Annotated[float, Field(ge=0, le=1, description="0..1; nudges ranking between near-equal "
-                                                                   "hits (0.5 is neutral).")] | None = None,
-        force: Annotated[bool, Field(description="Store even if the same text is already stored.")] = False,
-    ) -> returns(AddResult):  # type: ignore[valid-type]
-        """Store one memory: a learning, decision, research note, critic finding or handoff.
-
-        Reasoning blocks (<think>, <scratch_pad>) are removed first. If the same text is already stored,
-        nothing is stored and `id`/`duplicate_of` name the existing record (`force` stores it anyway).
-        A near duplicate is stored and reported in `near_duplicate_of`. `supersedes` retires the record
-        this one replaces."""
-        record: dict[str, Any] = {"type": type, "title": title, "body": body, "tags": tags or [], "phase": phase,
-                                  "provenance": provenance}
-        for key, value in (("id", id), ("supersedes", supersedes), ("importance", importance)):
-            if value is not None:
-                record[key] = value
-        return call("memory-add", {**record, "force": force})
-
-    def memory_query(
-        text: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS, description=(
-            "What you are about to work on, in your own words. Example: \"why does the CI cache miss after "
-            "a pnpm upgrade?\"."))],
-        k: Annotated[int, Field(ge=1, le=MAX_K, description=f"How many hits at most (1-{MAX_K}).")] = 8,
-        type: Annotated[RecordType, Field(description=f"Only records of this type: {TYPE_NAMES} (or a type the "
-                                                      "project configured). An unknown type is an error that "
-                                                      "lists the allowed ones.")] | None = None,
-        phase: Annotated[Phase, Field(description="Only records of this phase and the phases under it: "
-                                                  "\"M001\" matches \"M001-S002-T0001\".")] | None = None,
-        phase_exact: Annotated[bool, Field(description="Match `phase` exactly instead of as a prefix.")] = False,
-        tags: Annotated[list[Tag], Field(max_length=MAX_TAGS, description="Only records with at least one of "
-                                                                          "these tags.")] | None = None,
-        max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS, description=(
-            f"Keep the best hits that fit this many tokens (about 4 characters each); default {MCP_MAX_TOKENS}. "
-            "Hits left out are counted in `budget`."))] = MCP_MAX_TOKENS,
-        format: Annotated[Literal["json", "markdown"], Field(description=(
-            "json: the hits as data. markdown: a context block ready to paste into a prompt (the data is "
-            "still in the structured content)."))] = "json",
-        mode: Annotated[Literal[MODES], Field(description=(  # type: ignore[valid-type]
-            "hybrid (keywords + meaning, the default), lexical (keywords only, BM25), vector (meaning "
-            "only)."))] = "hybrid",
-        fusion: Annotated[Literal[FUSIONS], Field(description=(  # type: ignore[valid-type]
-            "How hybrid combines its two sides: z (the default: each side standardised over the "
-            "candidates), alpha (a weighted sum), rrf (reciprocal rank fusion)."))] | None = None,
-        alpha: Annotated[float, Field(ge=0, le=1, description="The vector side's weight for fusion alpha, "
-                                                              "0..1 (default 0.3).")] | None = None,
-        explain: Annotated[bool, Field(description="Add each hit's per-side scores and ranks.")] = False,
-    ) -> returns(QueryResult):  # type: ignore[valid-type]
-        """Recall prior learnings, decisions and research relevant to a task, best first.
-
-        Hybrid keyword + semantic search. Filters that cannot match say so in `warnings`. If the vector
-        layer is unavailable the answer is keyword-only and says so in `degraded`. Hits carry ids that
-        memory_get opens."""
-        return call("memory-query", {"text": text, "k": k, "type": type, "phase": phase, "phase_exact": phase_exact,
-                                     "tags": tags, "max_tokens": max_tokens, "mode": mode, "fusion": fusion,
-                                     "alpha": alpha, "explain": explain}, markdown=format == "markdown")
-
-    def memory_get(
-        ids: Annotated[list[Id], Field(min_length=1, max_length=MAX_GET, description=(
-            "Record ids, e.g. from a hit's `id` or an add's `duplicate_of`. Example: "
-            "[\"md:482d2da39a74bb7425f2087d\"]."))],
-    ) -> returns(GetResult):  # type: ignore[valid-type]
-        """Open records by id, live or retired: a retired record says why, when and by what.
-
-        Ids no record has are listed in `missing`; when none is found it is an error (record-not-found)."""
-        return call("memory-get", {"ids": ids})
-
-    def memory_ingest(
-        paths: Annotated[list[Annotated[str, Field(min_length=1, max_length=4096)]], Field(
-            min_length=1, max_length=1000, description=(
-                "Markdown files or folders, relative to the project root. Example: [\"CLAUDE.md\", \"docs\"]. "
-                "A path that does not exist is an error (ingest-path-missing)."))],
-        include: Annotated[list[Glob], Field(description="Only files matching these globs, e.g. "
-                                                         "[\"docs/**/*.md\"].")] | None = None,
-        exclude: Annotated[list[Glob], Field(description="Leave out files matching these globs, e.g. "
-                                                         "[\"docs/drafts/**\"].")] | None = None,
-        prune_missing: Annotated[bool, Field(description=(
-            "Retire the chunks of files that no longer exist under the given paths (and accept a path "
-            "that no longer exists when the memory holds chunks under it)."))] = False,
-        type: Annotated[RecordType, Field(description="The type of the records made; default research, or a "
-                                                      "file's frontmatter category.")] | None = None,
-    ) -> returns(IngestResult):  # type: ignore[valid-type]
-        """Index markdown knowledge (CLAUDE.md, docs/, ADRs, memory files with frontmatter), split on ## headings.
-
-        Each chunk is titled with its document and heading ("ADR 0004 — Locking › Context"). Re-running is
-        cheap: unchanged files change nothing; changed files replace exactly their old chunks. A file that
-        cannot be read is reported in `failed` and passed over; the others are ingested."""
-        return call("memory-ingest", {"paths": paths, "include": include, "exclude": exclude,
-                                      "prune_missing": prune_missing, "type": type})
-
-    def memory_forget(
-        ids: Annotated[list[Id], Field(min_length=1, max_length=MAX_FORGET, description=(
-            "The ids of the records to retire. Example: [\"3f2c…\"]."))],
-        reason: Annotated[str, Field(min_length=1, max_length=MAX_REASON, pattern=ONE_LINE, description=(
-            "Why, in one line; shown by memory_get. Example: \"superseded by the Node 20 decision\"."))]
-        = "forgotten",
-    ) -> returns(ForgetResult):  # type: ignore[valid-type]
-        """Retire records by id: they never appear in results again.
-
-        The log keeps them (append-only) and memory_get still opens them, marked retired."""
-        return call("memory-forget", {"ids": ids, "reason": reason})
-
-    def memory_stats() -> returns(Stats):  # type: ignore[valid-type]
-        """Counts, model, runtime, timestamps and a consistency report (every problem with its why)."""
-        return call("memory-stats", {})
-
-    def memory_rebuild() -> returns(RebuildResult):  # type: ignore[valid-type]
-        """Rebuild every derived file (vector index, keymap, lexical index) from records.jsonl.
-
-        Needed after changing the embedding model (answers say memory-rebuild-required). Unchanged
-        text under the same model is not re-embedded. Nothing written is changed or lost."""
-        return call("memory-rebuild", {})
-
-    hints: dict[str, Any] = {"open_world_hint": False}
-    tools = (
-        (memory_add, "Remember", {"read_only_hint": False, "destructive_hint": False, "idempotent_hint": False}),
-        (memory_query, "Recall", {"read_only_hint": True, "idempotent_hint": True}),
-        (memory_get, "Open records by id", {"read_only_hint": True, "idempotent_hint": True}),
-        (memory_ingest, "Ingest markdown", {"read_only_hint": False, "destructive_hint": True, "idempotent_hint": True}),
-        (memory_forget, "Forget", {"read_only_hint": False, "destructive_hint": True, "idempotent_hint": True}),
-        (memory_stats, "Memory statistics", {"read_only_hint": True, "idempotent_hint": True}),
-        (memory_rebuild, "Rebuild derived files", {"read_only_hint": False, "destructive_hint": False,
-                                                   "idempotent_hint": True}),
-    )
-    for fn, title, hint in tools:
-        server.add_tool(fn, title=title, description=described(fn.__doc__ or ""),
-                        annotations=ToolAnnotations(title=title, **hints, **hint))
+    for tool in TOOLS:
+        server.add_tool(tool_function(tool, call), title=tool.title, description=described(tool.doc),
+                        annotations=ToolAnnotations(title=tool.title, open_world_hint=False, **tool.hints))
     return server, warm
 
 

@@ -6,7 +6,9 @@ opens the memory with the factory its caller passes in (the CLI opens one per
 process, ``memory-serve`` and ``memory-mcp`` pass their warm one), calls the
 one library method the verb stands for, and returns ``(exit code, stream,
 document)`` with errors already in their envelope (``errors.failure``).  No
-verb scores, stores or locks anything itself.
+verb scores, stores or locks anything itself.  Each verb's arguments are declared once, in
+``params.py``; the servers themselves (``memory-serve``, ``memory-mcp``) are not verbs but
+launchers (``cli.py``).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import params as P
 from ..errors import DisabledError, InputError, UsageError, failure
 from ..limits import FORMAT_ALIASES, MAX_BODY
+from ..params import Param
 
 if TYPE_CHECKING:
     from ..api.memory import Memory
@@ -42,7 +46,8 @@ class Verb:
     name: str
     help: str
     call: Callable[[Context, Request], Any]
-    served: bool = True  # memory-serve answers it (the others are servers, or need no memory)
+    params: tuple[Param, ...] = ()  # its arguments, declared once (``params.py``)
+    served: bool = True  # memory-serve answers it (the others need no memory, or a scratch one)
     writes: bool = False  # it changes the memory (memory-serve runs these one at a time)
     stdin: bool = False  # it may read standard input
     long: bool = False  # it may run for minutes: it reports progress (--progress)
@@ -51,9 +56,10 @@ class Verb:
 VERBS: dict[str, Verb] = {}
 
 
-def verb(name: str, help: str, **flags: bool) -> Callable[[Callable[[Context, Request], Any]], Callable[..., Any]]:
+def verb(name: str, help: str, params: tuple[Param, ...] = (), **flags: bool
+         ) -> Callable[[Callable[[Context, Request], Any]], Callable[..., Any]]:
     def register(fn: Callable[[Context, Request], Any]) -> Callable[[Context, Request], Any]:
-        VERBS[name] = Verb(name, help, fn, **flags)
+        VERBS[name] = Verb(name, help, fn, params, **flags)
         return fn
 
     return register
@@ -156,7 +162,7 @@ def _init(ctx: Context, request: Request) -> Any:
     return Memory(Project(root=find_root(request.get("root")))).init()
 
 
-@verb("memory-add", "add one record", writes=True, stdin=True)
+@verb("memory-add", "add one record", P.ADD, writes=True, stdin=True)
 def _add(ctx: Context, request: Request) -> Any:
     mem = _memory(ctx, request)
     mem.require_enabled()
@@ -177,7 +183,7 @@ def _add(ctx: Context, request: Request) -> Any:
     return mem.add(record, force=bool(request.get("force")))
 
 
-@verb("memory-index", "add a batch of records from a JSON array or JSONL file ('-' for stdin)", writes=True,
+@verb("memory-index", "add a batch of records from a JSON array or JSONL file ('-' for stdin)", P.INDEX, writes=True,
       stdin=True, long=True)
 def _index(ctx: Context, request: Request) -> Any:
     from .batchfile import MAX_BATCH_BYTES, parse_batch
@@ -194,7 +200,7 @@ def _index(ctx: Context, request: Request) -> Any:
     return mem.index(parse_batch(data, path), force=bool(request.get("force")), progress=ctx.progress)
 
 
-@verb("memory-query", "hybrid BM25 + vector search")
+@verb("memory-query", "hybrid BM25 + vector search", P.QUERY)
 def _query(ctx: Context, request: Request) -> Any:
     text, positional = request.get("text"), request.get("positional")
     if text is not None and positional:
@@ -214,24 +220,24 @@ def _query(ctx: Context, request: Request) -> Any:
     return result
 
 
-@verb("memory-get", "records by id, retired ones too (marked with why and when)")
+@verb("memory-get", "records by id, retired ones too (marked with why and when)", P.GET)
 def _get(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).get(list(request.get("ids") or []))
 
 
-@verb("memory-forget", "retire records by id (tombstones; the log stays append-only)", writes=True)
+@verb("memory-forget", "retire records by id (tombstones; the log stays append-only)", P.FORGET, writes=True)
 def _forget(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).forget(list(request.get("ids") or []), reason=request.get("reason") or "forgotten")
 
 
 @verb("memory-redact", "remove the text of records from the log and its backups for good (a leaked secret); "
-      "says how to purge it from git history", writes=True, long=True)
+      "says how to purge it from git history", P.REDACT, writes=True, long=True)
 def _redact(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).redact(list(request.get("ids") or []), reason=request.get("reason") or "redacted")
 
 
-@verb("memory-ingest", "index markdown files and folders (CLAUDE.md, docs/, memory category files)", writes=True,
-      long=True)
+@verb("memory-ingest", "index markdown files and folders (CLAUDE.md, docs/, memory category files)", P.INGEST,
+      writes=True, long=True)
 def _ingest(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).ingest(
         list(request.get("paths") or []), include=request.get("include") or [],
@@ -240,13 +246,13 @@ def _ingest(ctx: Context, request: Request) -> Any:
 
 
 @verb("memory-export", "write the whole log as a records.jsonl (from any store; the file store reads it as is)",
-      served=False)
+      P.EXPORT, served=False)
 def _export(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).export(request["file"])
 
 
 @verb("memory-import", "load a records.jsonl: records whose id is new, then its tombstones (idempotent by id)",
-      served=False, writes=True, long=True)
+      P.IMPORT, served=False, writes=True, long=True)
 def _import(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).import_log(request["file"], progress=ctx.progress)
 
@@ -257,12 +263,14 @@ def _compact(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).compact(ctx.progress)
 
 
-@verb("memory-prune", "retire never-retrieved records older than a window, e.g. --unused-for 90d", writes=True)
+@verb("memory-prune", "retire never-retrieved records older than a window, e.g. --unused-for 90d", P.PRUNE,
+      writes=True)
 def _prune(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).prune(request.get("unused_for"), dry_run=bool(request.get("dry_run")))
 
 
-@verb("memory-rebuild", "rebuild the index, keymap and manifest from records.jsonl", writes=True, long=True)
+@verb("memory-rebuild", "rebuild the index, keymap and manifest from records.jsonl", P.REBUILD, writes=True,
+      long=True)
 def _rebuild(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).rebuild(ctx.progress, reembed=bool(request.get("reembed")))
 
@@ -277,18 +285,19 @@ def _namespaces(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).namespaces()
 
 
-@verb("memory-drop-namespace", "team memory: delete a namespace and everything in it (needs --yes)", writes=True)
+@verb("memory-drop-namespace", "team memory: delete a namespace and everything in it (needs --yes)",
+      P.DROP_NAMESPACE, writes=True)
 def _drop_namespace(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).drop_namespace(request.get("namespace") or "", yes=bool(request.get("yes")))
 
 
-@verb("memory-eval", "measure retrieval quality and latency on a BEIR dataset (scratch memory)", served=False,
-      long=True)
+@verb("memory-eval", "measure retrieval quality and latency on a BEIR dataset (scratch memory)", P.EVAL,
+      served=False, long=True)
 def _eval(ctx: Context, request: Request) -> Any:
     from pathlib import Path
 
-    from ..api.evaluate import MODES, evaluate, markdown_report
     from ..config import load_project
+    from ..evaluation import MODES, evaluate, markdown_report
 
     mode = request.get("mode") or "all"
     modes = MODES if mode == "all" else (mode,)
@@ -307,21 +316,6 @@ def _eval(ctx: Context, request: Request) -> Any:
                              code="report-unwritable", details={"path": request["report"]}) from None
         result["report"] = request["report"]
     return result
-
-
-@verb("memory-serve", "keep this memory warm and answer the other verbs over a Unix socket", served=False)
-def _serve(ctx: Context, request: Request) -> Any:
-    from .server import run_server as serve
-
-    return serve(request.get("root"), float(request.get("idle_timeout") or 0.0))
-
-
-@verb("memory-mcp", "serve this memory's tools to an agent over the Model Context Protocol (stdio)", served=False)
-def _mcp(ctx: Context, request: Request) -> Any:
-    from .mcp_server import run_mcp as serve_mcp
-
-    serve_mcp(request.get("root"))
-    return None  # stdout belonged to the protocol: nothing more is printed
 
 
 SERVED = tuple(name for name, v in VERBS.items() if v.served)

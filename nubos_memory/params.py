@@ -1,0 +1,269 @@
+"""Every verb's parameters, declared once.
+
+A :class:`Param` carries what every interface needs to know about one argument: its type, its
+bounds (from ``limits.py``), the command line's help text and the MCP tool's description.  From
+these declarations ``interfaces/cli.py`` generates the argparse flags, ``interfaces/mcp_server.py``
+the tool schemas, and :func:`check` validates a value the same way for every caller (the library's
+``Memory.query`` uses it).  Adding an option to a verb is one ``Param`` here and the code that uses
+it.  Stdlib only: the light CLI path imports this (adr/0007).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import codes
+from .errors import InputError
+from .limits import (
+    BASE_TYPES,
+    EVAL_MODES,
+    FORMAT_ALIASES,
+    FORMATS,
+    FUSIONS,
+    ID_PATTERN,
+    MAX_BODY,
+    MAX_ECHO,
+    MAX_FORGET,
+    MAX_GET,
+    MAX_ID,
+    MAX_K,
+    MAX_PHASE,
+    MAX_QUERY_CHARS,
+    MAX_REASON,
+    MAX_TAG,
+    MAX_TAGS,
+    MAX_TITLE,
+    MAX_TOKENS,
+    MAX_TYPE,
+    MCP_MAX_TOKENS,
+    MODES,
+    PROVENANCES,
+)
+
+ONE_LINE = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"  # one line with something on it
+ID = f"^{ID_PATTERN}$"
+TAG = r"^[^,\x00-\x1f\x7f]+$"
+TYPE_NAMES = " | ".join(BASE_TYPES)
+UNSET: Any = object()  # a tool default that is the same as the command line's
+
+
+@dataclass(frozen=True)
+class Text:
+    """What a string (or each string of a list) may be."""
+
+    min_length: int | None = None
+    max_length: int | None = None
+    pattern: str | None = None
+
+
+RECORD_TYPE = Text(1, MAX_TYPE, ONE_LINE)
+PHASE = Text(1, MAX_PHASE, ONE_LINE)
+RECORD_ID = Text(1, MAX_ID, ID)
+TAG_TEXT = Text(1, MAX_TAG, TAG)
+GLOB = Text(1, 4096)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One argument of a verb (see the module docstring)."""
+
+    name: str  # the request's key, the tool's argument, the flag (``--`` + dashes)
+    kind: type  # str, int, float, bool, or list (of strings)
+    help: str | None = None  # the command line's help text (None: no help line)
+    describe: str | None = None  # the MCP tool's description (None: not a tool argument)
+    required: bool = False
+    tool_required: bool = False  # required of a tool though not on the command line (a query's text)
+    default: Any = None
+    tool_default: Any = UNSET  # the tool's default where it differs from the command line's
+    choices: tuple[str, ...] = ()
+    tool_choices: tuple[str, ...] | None = None  # the tool's where they differ (no aliases)
+    ge: float | None = None
+    le: float | None = None
+    text: Text | None = None  # a string's bounds, or each list item's
+    min_items: int | None = None
+    max_items: int | None = None
+    cli: str = "flag"  # "flag", "positional" or "none" (a tool argument only)
+    cli_kind: type | None = None  # where the command line reads another type (tags: "a,b")
+    nargs: str | None = None
+    metavar: str | None = None
+    append: bool = False  # a repeatable flag (--include A --include B)
+    invalid: tuple[str, str] | None = None  # (code, message) when :func:`check` refuses a value
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def for_tool(self) -> Any:
+        return self.default if self.tool_default is UNSET else self.tool_default
+
+
+def _echo(value: Any) -> Any:
+    return value if isinstance(value, (int, float)) or value is None else str(value)[:MAX_ECHO]
+
+
+def check(param: Param, value: Any) -> None:
+    """Refuse ``value`` for ``param`` with the declared code and message (None passes where the
+    parameter has no default: not given)."""
+    if param.invalid is None or (value is None and param.default is None):
+        return
+    code, message = param.invalid
+    kind = param.kind
+    ok = not isinstance(value, bool) if kind in (int, float) else True
+    if kind is int:
+        ok = ok and isinstance(value, int)
+    elif kind is float:
+        ok = ok and isinstance(value, (int, float))
+    elif kind is list:
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if ok and param.choices:
+        ok = value in param.choices
+    if ok and kind in (int, float):
+        ok = (param.ge is None or value >= param.ge) and (param.le is None or value <= param.le)
+    if not ok:
+        raise InputError(message, code=code, details={} if kind is list else {param.name: _echo(value)})
+
+
+# -- the declarations ---------------------------------------------------------------------------
+FORCE_ADD = Param("force", bool, "store it even if it repeats a live record's text",
+                  "Store even if the same text is already stored.", default=False)
+TAGS_FILTER = Param("tags", list, "comma-separated; a hit needs at least one",
+                    "Only records with at least one of these tags.", cli_kind=str, text=TAG_TEXT,
+                    max_items=MAX_TAGS, invalid=(codes.QUERY_INVALID_TAGS, "tags must be a list of strings"))
+
+ADD = (
+    Param("type", str, "learning|handoff|critic|research (or a configured type)",
+          f"What kind of memory this is: {TYPE_NAMES} (or a type the project configured). Example: \"learning\".",
+          required=True, text=RECORD_TYPE),
+    Param("title", str, None, "One line: the point, findable later. Example: \"Pin pnpm with corepack: CI cache "
+          "broke on lockfile drift\".", required=True, text=Text(1, MAX_TITLE, ONE_LINE)),
+    Param("body", str, "body text (else --body-file, else stdin)",
+          "The details: rationale, evidence, commands. May be empty.", tool_default="", text=Text(None, MAX_BODY)),
+    Param("body_file", str, "read the body from this file ('-' for stdin)"),
+    Param("tags", list, "comma-separated tags", "Labels for filtering, e.g. [\"ci\", \"pnpm\"].", cli_kind=str,
+          text=TAG_TEXT, max_items=MAX_TAGS),
+    Param("phase", str, None, "The plan phase this belongs to, hierarchical, e.g. \"M005-S007-T0002\".", text=PHASE),
+    Param("provenance", str, "|".join(PROVENANCES),
+          "How sure this is: VERIFIED (checked), CITED (from a source), ASSUMED (inferred), CACHED (copied from an "
+          "earlier answer). Shown as a label in markdown answers.", tool_choices=PROVENANCES),
+    Param("id", str, "record id (default: a new UUIDv4)",
+          "Your own stable id (letters, digits, ._:@/+-); a new UUID when left out.", text=RECORD_ID),
+    Param("created_at", str, "ISO-8601 timestamp (default: now)"),
+    Param("supersedes", str, "id of the live record this one replaces (it leaves all results)",
+          "The id of a record this one replaces (a correction or a newer decision); that record is retired.",
+          text=RECORD_ID),
+    Param("importance", float, "0..1; reorders near-ties in results (default: unset)",
+          "0..1; nudges ranking between near-equal hits (0.5 is neutral).", ge=0, le=1),
+    FORCE_ADD,
+)
+
+QUERY = (
+    Param("positional", list, "query text (or --text)", cli="positional", nargs="*", metavar="TEXT"),
+    Param("text", str, None, "What you are about to work on, in your own words. Example: \"why does the CI cache "
+          "miss after a pnpm upgrade?\".", tool_required=True, text=Text(1, MAX_QUERY_CHARS)),
+    Param("k", int, "number of hits (default 8)", f"How many hits at most (1-{MAX_K}).", default=8, ge=1, le=MAX_K,
+          invalid=(codes.QUERY_INVALID_K, f"k must be an integer in 1..{MAX_K}")),
+    Param("type", str, "only records of this type (an unknown type is an error listing the types)",
+          f"Only records of this type: {TYPE_NAMES} (or a type the project configured). An unknown type is an error "
+          "that lists the allowed ones.", text=RECORD_TYPE),
+    Param("phase", str, "only this phase and the phases under it (M001 finds M001-S002-T0001)",
+          "Only records of this phase and the phases under it: \"M001\" matches \"M001-S002-T0001\".", text=PHASE),
+    Param("phase_exact", bool, "--phase matches that phase only", "Match `phase` exactly instead of as a prefix.",
+          default=False),
+    TAGS_FILTER,
+    Param("alpha", float, "lexical weight in [0, 1] (default from config)",
+          "The vector side's weight for fusion alpha, 0..1 (default 0.3).", ge=0, le=1,
+          invalid=(codes.QUERY_INVALID_ALPHA, "alpha must be a number in [0, 1]")),
+    Param("fusion", str, None, "How hybrid combines its two sides: z (the default: each side standardised over the "
+          "candidates), alpha (a weighted sum), rrf (reciprocal rank fusion).", choices=FUSIONS,
+          invalid=(codes.QUERY_INVALID_FUSION, f"fusion must be one of {list(FUSIONS)}")),
+    Param("explain", bool, "show each hit's score parts", "Add each hit's per-side scores and ranks.", default=False),
+    Param("no_collapse", bool, "list near duplicates as separate hits (default: the newest of them, counted)",
+          default=False),
+    Param("mode", str, "rank by both signals (default) or by one only; lexical never loads the model",
+          "hybrid (keywords + meaning, the default), lexical (keywords only, BM25), vector (meaning only).",
+          default="hybrid", choices=MODES, invalid=(codes.QUERY_INVALID_MODE, f"mode must be one of {list(MODES)}")),
+    Param("max_tokens", int, "keep the best hits that fit this many tokens (chars/4)",
+          f"Keep the best hits that fit this many tokens (about 4 characters each); default {MCP_MAX_TOKENS}. Hits "
+          "left out are counted in `budget`.", tool_default=MCP_MAX_TOKENS, ge=1, le=MAX_TOKENS,
+          invalid=(codes.QUERY_INVALID_MAX_TOKENS, "max_tokens must be a positive integer")),
+    Param("format", str, "json (default), or markdown (md): a context block ready to inject",
+          "json: the hits as data. markdown: a context block ready to paste into a prompt (the data is still in the "
+          "structured content).", default="json", choices=FORMATS + tuple(FORMAT_ALIASES), tool_choices=FORMATS),
+)
+
+GET = (
+    Param("ids", list, "record ids (from hits, duplicate_of, supersedes)", "Record ids, e.g. from a hit's `id` or an "
+          "add's `duplicate_of`. Example: [\"md:482d2da39a74bb7425f2087d\"].", required=True, cli="positional",
+          nargs="+", metavar="ID", text=RECORD_ID, min_items=1, max_items=MAX_GET),
+)
+
+FORGET = (
+    Param("ids", list, "record ids to retire", "The ids of the records to retire. Example: [\"3f2c…\"].",
+          required=True, cli="positional", nargs="+", metavar="ID", text=RECORD_ID, min_items=1,
+          max_items=MAX_FORGET),
+    Param("reason", str, "why (kept in the tombstone; default: forgotten)", "Why, in one line; shown by memory_get. "
+          "Example: \"superseded by the Node 20 decision\".", default="forgotten",
+          text=Text(1, MAX_REASON, ONE_LINE)),
+)
+
+REDACT = (
+    Param("ids", list, "record ids whose text must leave the memory", required=True, cli="positional", nargs="+",
+          metavar="ID"),
+    Param("reason", str, "why (kept in the content-free redact line)", default="redacted"),
+)
+
+INGEST = (
+    Param("paths", list, "markdown files or folders, relative to the project root",
+          "Markdown files or folders, relative to the project root. Example: [\"CLAUDE.md\", \"docs\"]. A path that "
+          "does not exist is an error (ingest-path-missing).", required=True, cli="positional", nargs="+",
+          metavar="PATH", text=GLOB, min_items=1, max_items=1000),
+    Param("include", list, "only files matching (repeatable; default *.md, *.markdown)",
+          "Only files matching these globs, e.g. [\"docs/**/*.md\"].", append=True, metavar="GLOB", text=GLOB),
+    Param("exclude", list, "skip files matching (repeatable)", "Leave out files matching these globs, e.g. "
+          "[\"docs/drafts/**\"].", append=True, metavar="GLOB", text=GLOB),
+    Param("prune_missing", bool, "retire chunks of files under these paths that no longer exist",
+          "Retire the chunks of files that no longer exist under the given paths (and accept a path that no longer "
+          "exists when the memory holds chunks under it).", default=False),
+    Param("type", str, "record type (default: learning for files with a frontmatter category, else research)",
+          "The type of the records made; default research, or a file's frontmatter category.", text=RECORD_TYPE),
+)
+
+INDEX = (
+    Param("records_file", str, "JSON array or JSONL file, '-' for stdin", required=True),
+    Param("force", bool, "store exact duplicates of live records too", default=False),
+)
+PRUNE = (
+    Param("unused_for", str, "window such as 90d, 12h or 2w", required=True),
+    Param("dry_run", bool, "report what would be retired, retire nothing", default=False),
+)
+DROP_NAMESPACE = (
+    Param("namespace", str, "the namespace to delete (memory-namespaces lists them)", required=True,
+          cli="positional", metavar="NAMESPACE"),
+    Param("yes", bool, "really delete it, for every machine", default=False),
+)
+EXPORT = (Param("file", str, "where to write the records.jsonl (replaced atomically)", required=True,
+                cli="positional", metavar="FILE"),)
+IMPORT = (Param("file", str, "a records.jsonl (of this or another store)", required=True, cli="positional",
+                metavar="FILE"),)
+REBUILD = (Param("reembed", bool, "embed every record again instead of reusing vectors of unchanged text",
+                 default=False),)
+EVAL = (
+    Param("beir", list, "BEIR folder(s): corpus.jsonl, queries.jsonl, qrels/<split>.tsv; several are scored one "
+          "memory each and averaged over their questions", required=True, nargs="+", metavar="DIR"),
+    Param("split", str, None, default="test"),
+    Param("mode", str, "hybrid: the configured fusion; alpha, rrf: the other fusions; or one side", default="all",
+          choices=(*EVAL_MODES, "all")),
+    Param("keep_identical_ids", bool, "count a hit whose id equals the query's id (BEIR's protocol drops it)",
+          default=False),
+    Param("report", str, "also write the results as a markdown table", metavar="FILE"),
+    Param("k", int, None, default=10),
+    Param("alpha", float, None),
+    Param("max_queries", int, "evaluate only the first N judged queries"),
+    Param("no_cache", bool, "do not reuse or store dataset embeddings", default=False),
+)
+SERVE = (Param("idle_timeout", float, "stop after this many seconds without a request (default: never)",
+               default=0.0),)
+
+QUERY_PARAMS = {p.name: p for p in QUERY}
