@@ -22,8 +22,8 @@ from nubos_memory.errors import EXIT_CODES
 from .conftest import REPO
 
 PACKAGE = REPO / "nubos_memory"
-FOUNDATION = {"errors", "limits", "types", "fsio", "faults", "trust", "userdirs", "config", "records", "tokenize",
-              "progress", "codes"}
+FOUNDATION = {"errors", "limits", "types", "fsio", "faults", "trust", "userdirs", "config", "records", "tokenize", "log",
+              "progress", "codes", "params"}
 LAYER = {"foundation": 0, "index": 1, "embed": 1, "store": 2, "search": 3, "ingest": 3, "api": 4, "evaluation": 5,
          "interfaces": 6}
 # The package's front door re-exports the facade (lazily); ``python -m`` runs the CLI.
@@ -87,6 +87,29 @@ def test_the_layer_test_can_fail(tmp_path):
     probe.write_text("from ..api.memory import Memory\n")
     assert imported(probe, "store.probe") == [("api.memory", 1)]
     assert LAYER[layer_of("api.memory")] > LAYER[layer_of("store.probe")]
+
+
+# What the layers above store/ may import of it: the seam (the factory, the Protocol), never a store.
+STORE_SEAM = {"store", "store.base"}
+
+
+def store_reaches(paths: list[tuple[str, Path]]) -> list[str]:
+    """Imports of a concrete store (or its parts) from above ``store/``."""
+    return [f"{module}:{line} imports {target}" for module, path in paths if LAYER[layer_of(module)] > LAYER["store"]
+            for target, line in imported(path, module)
+            if layer_of(target) == "store" and target not in STORE_SEAM]
+
+
+def test_layers_above_store_reach_it_only_through_its_seam():
+    """api/, search/, ingest/ (and everything above) name no concrete store: a third store lands in
+    store/ alone (issue 22)."""
+    assert store_reaches(modules()) == []
+
+
+def test_the_store_seam_check_can_fail(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from ..store.files import FileStore\nfrom ..store.base import Store\nfrom ..store import open_store\n")
+    assert store_reaches([("search.probe", probe)]) == ["search.probe:1 imports store.files"]
 
 
 def private_reaches(path: Path) -> list[str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..tokenize import estimate_tokens
-from ..types import Hit, Record
+from ..types import Hit, QueryResult, Record
 
 
 def provenance_label(record: Record) -> str:
@@ -67,7 +67,7 @@ def fit_budget(hits: list[Hit], max_tokens: int) -> tuple[list[Hit], dict[str, A
     return kept, {"max_tokens": max_tokens, "used": used, "skipped": skipped}
 
 
-def render_markdown(result: dict[str, Any]) -> str:
+def render_markdown(result: QueryResult | dict[str, Any]) -> str:
     """A whole ``memory-query`` answer as one markdown context block."""
     query = result.get("query", {}).get("text", "")
     hits = result.get("hits", [])

@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 from .. import trust, userdirs
 from ..config import Project, load_project, read_config_file, validate_section
@@ -54,14 +54,30 @@ if TYPE_CHECKING:
     from ..progress import Progress
     from ..search.snapshot import VectorState
     from ..store.base import Store
-    from ..types import QueryResult, Record, Stats, WriteResult
+    from ..types import (
+        AddResult,
+        ForgetResult,
+        GetResult,
+        GotRecord,
+        IngestResult,
+        QueryResult,
+        RebuildResult,
+        Record,
+        Stats,
+        WriteResult,
+    )
 
 
-def _answer(method: Callable[..., Any]) -> Callable[..., Any]:
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _answer(method: "Callable[Concatenate[Memory, P], R]") -> "Callable[Concatenate[Memory, P], R]":
     """A verb: its answer carries the store's notices (e.g. a folder others can write) and those about
-    this user's folders and signing key (``userdirs.py``, ``trust.py``) in ``warnings``."""
+    this user's folders and signing key (``userdirs.py``, ``trust.py``) in ``warnings``.  The verb keeps
+    its signature and its answer's type (``reveal_type(Memory.query)``)."""
     @functools.wraps(method)
-    def verb(self: "Memory", *args: Any, **kwargs: Any) -> Any:
+    def verb(self: "Memory", /, *args: P.args, **kwargs: P.kwargs) -> R:
         result = method(self, *args, **kwargs)
         notices = [*self.notices, *userdirs.notices(), *trust.notices()]
         if isinstance(result, dict) and notices:
@@ -195,20 +211,16 @@ class Memory:
         }
 
     @_answer
-    def add(self, record: dict[str, Any], *, force: bool = False) -> dict[str, Any]:
+    def add(self, record: dict[str, Any], *, force: bool = False) -> "AddResult":
         """Add one record (``memory-add``).  ``id`` in the answer is the record that holds it:
         the new one, or the live record whose text it repeats exactly (``duplicate_of``).  A near
         duplicate is stored and named in ``near_duplicate_of`` with its ``similarity``."""
-        result: dict[str, Any] = dict(self.index([record], verb="memory-add", force=force))
+        result = self.index([record], verb="memory-add", force=force)
         near = result["near_duplicates"][0] if result["near_duplicates"] else None
-        extra = {"near_duplicate_of": near["near_duplicate_of"] if near else None,
-                 "similarity": near["similarity"] if near else None}
-        if result["ids"]:
-            return {"id": result["ids"][0], "duplicate_of": None, **extra, **result}
-        if result["duplicates"]:
-            dup = result["duplicates"][0]
-            return {"id": dup["duplicate_of"], "duplicate_of": dup["duplicate_of"], **extra, **result}
-        return {"id": result["skipped_ids"][0], "duplicate_of": None, **extra, **result}
+        dup = result["duplicates"][0]["duplicate_of"] if result["duplicates"] and not result["ids"] else None
+        rid = result["ids"][0] if result["ids"] else dup if dup is not None else result["skipped_ids"][0]
+        return {"id": rid, "duplicate_of": dup, "near_duplicate_of": near["near_duplicate_of"] if near else None,
+                "similarity": near["similarity"] if near else None, **result}
 
     @_answer
     def index(self, raws: list[Any], *, verb: str = "memory-index", force: bool = False,
@@ -224,7 +236,7 @@ class Memory:
         return self.apply(records, verb=verb, force=force, progress=stage(progress, "embedding"))
 
     @_answer
-    def forget(self, ids: list[str], *, reason: str = "forgotten") -> dict[str, Any]:
+    def forget(self, ids: list[str], *, reason: str = "forgotten") -> "ForgetResult":
         """Retire records (``memory-forget``): a tombstone per id is appended; the log keeps the records,
         results never show them again, the next rebuild drops their vectors."""
         self.require_enabled()
@@ -267,7 +279,7 @@ class Memory:
                 "warnings": rebuilt["warnings"]}
 
     @_answer
-    def get(self, ids: list[str], *, track: bool = True) -> dict[str, Any]:
+    def get(self, ids: list[str], *, track: bool = True) -> "GetResult":
         """Records by id (``memory-get``), live or retired: a retired one says why and when
         (``retired``: reason, at, and the id that superseded it).  Ids no record has are listed in
         ``missing``; when none is found it is an error (``record-not-found``)."""
@@ -278,7 +290,7 @@ class Memory:
             raise InputError(f"at most {MAX_GET} ids at once", code="get-too-many", details={"count": len(ids)})
         _check_ids(ids)
         scan = self.scan()
-        found: list[dict[str, Any]] = []
+        found: list[GotRecord] = []
         missing: list[str] = []
         for rid in dict.fromkeys(ids):
             pos = scan.position.get(rid)
@@ -296,7 +308,7 @@ class Memory:
         if not found:
             raise InputError(f"no record has the id {missing[0]!r}", code="record-not-found",
                              details={"ids": missing[:50]})
-        out: dict[str, Any] = {"records": found, "missing": missing, "warnings": scan.warnings()}
+        out: GetResult = {"records": found, "missing": missing, "warnings": scan.warnings()}
         if missing:
             out["warnings"].append({"code": "record-not-found", "message": f"{len(missing)} id(s) name no record",
                                     "ids": missing[:50]})
@@ -375,7 +387,7 @@ class Memory:
         check(QUERY_PARAMS["tags"], tags)
 
     @_answer
-    def rebuild(self, progress: Reporter | None = None, *, reembed: bool = False) -> dict[str, Any]:
+    def rebuild(self, progress: Reporter | None = None, *, reembed: bool = False) -> "RebuildResult":
         """Rebuild every derived file from the log (``memory-rebuild``).
 
         Vectors of unchanged text under the same fingerprint are reused unless
@@ -446,7 +458,7 @@ class Memory:
             upkeep = {"built": False, "why": exc.message}
         if indexing:
             indexing(count, count)
-        return {
+        return cast("RebuildResult", {  # a dict display: "index" (the team database's) before "warnings"
             "rebuilt": True,
             "count": count,
             "embedded": len(todo) - self.vectors.shared,
@@ -460,7 +472,7 @@ class Memory:
             "invalid": invalid,
             **({"index": upkeep} if upkeep else {}),
             "warnings": scan.warnings() + VectorState(invalid=invalid).notes(),
-        }
+        })
 
     @_answer
     def compact(self, progress: Reporter | None = None) -> dict[str, Any]:
@@ -538,7 +550,7 @@ class Memory:
     @_answer
     def ingest(self, paths: list[str], *, include: Sequence[str] = (), exclude: Sequence[str] = (),
                prune_missing: bool = False, record_type: str | None = None,
-               progress: Reporter | None = None) -> dict[str, Any]:
+               progress: Reporter | None = None) -> "IngestResult":
         """Index markdown files and folders, idempotently (``memory-ingest``; see ``ingest/plan.py``).
         Relative paths are relative to the project root, whatever the working directory."""
         from ..ingest.plan import live_sources, plan, read_documents, under
@@ -574,7 +586,7 @@ class Memory:
             out["warnings"].append({"code": "ingest-files-failed",
                                     "message": f"{len(docs.failed)} file(s) could not be ingested and were passed "
                                                "over (see failed); the others were ingested"})
-        return out
+        return cast("IngestResult", out)  # the plan's counts (files, new, changed, ...) lead
 
     @_answer
     def export(self, path: str) -> dict[str, Any]:

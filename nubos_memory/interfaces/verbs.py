@@ -266,7 +266,8 @@ def _compact(ctx: Context, request: Request) -> Any:
 @verb("memory-prune", "retire never-retrieved records older than a window, e.g. --unused-for 90d", P.PRUNE,
       writes=True)
 def _prune(ctx: Context, request: Request) -> Any:
-    return _memory(ctx, request).prune(request.get("unused_for"), dry_run=bool(request.get("dry_run")))
+    return _memory(ctx, request).prune(request.get("unused_for"),  # type: ignore[arg-type]  # refused there
+                                       dry_run=bool(request.get("dry_run")))
 
 
 @verb("memory-rebuild", "rebuild the index, keymap and manifest from records.jsonl", P.REBUILD, writes=True,
