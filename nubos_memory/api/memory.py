@@ -27,7 +27,6 @@ from .. import trust, userdirs
 from ..config import Project, load_project, read_config_file, validate_section
 from ..embed import Embedder, make_embedder
 from ..errors import DisabledError, InputError, NubosMemoryError, StoreError, UsageError
-from ..faults import crash_point
 from ..fsio import DIR_MODE, atomic_write_bytes, dumps, read_regular
 from ..limits import MAX_ECHO, MAX_GET, MAX_PHASE, MAX_QUERY_CHARS, MAX_REASON
 from ..log import LogScan, read
@@ -46,7 +45,7 @@ from ..records import (
 from ..search.snapshot import Snapshot
 from ..store import open_store, parse_duration
 from .vectorsync import VectorSync
-from .writepath import WritePath, history, save_lexical, settled_scan
+from .writepath import WritePath, history, settled_scan
 
 if TYPE_CHECKING:
     import numpy as np
@@ -388,91 +387,16 @@ class Memory:
 
     @_answer
     def rebuild(self, progress: Reporter | None = None, *, reembed: bool = False) -> "RebuildResult":
-        """Rebuild every derived file from the log (``memory-rebuild``).
+        """Rebuild every derived file from the log (``memory-rebuild``; ``rebuild.py``).
 
         Vectors of unchanged text under the same fingerprint are reused unless
         ``reembed``; the graph is built fresh, in log order, single-threaded, fixed seed.
         """
-        import numpy as np
-
-        from ..index.vectors import usable
-        from ..search.snapshot import VectorState
+        from .rebuild import Rebuild
 
         self.require_enabled()
         self.store.prepare()
-        scan = self.scan()
-        all_hashes = self.snap.ensure_hashes()
-        live = [p for p in range(len(scan.records)) if p not in scan.dead]  # the dead are not indexed
-        records = [scan.records[p] for p in live]
-        hashes = [all_hashes[p] for p in live]
-        count = len(records)
-        ours = self.vectors.our_embedding()
-        reuse: dict[str, int] = {}
-        try:
-            manifest, current = self.store.load_current()
-        except StoreError:
-            manifest, current = None, None  # whatever is broken is replaced, on explicit request
-        if (not reembed and manifest is not None and current is not None
-                and (manifest.get("embedding") or {}).get("fingerprint") == ours["fingerprint"]):
-            good_rows = usable(current.vectors)  # a bad row (NaN, zero) an older version stored is embedded again
-            reuse = {h: i for i, h in enumerate(current.hashes) if good_rows[i]}
-        todo: dict[str, str] = {}
-        for r, h in zip(records, hashes):
-            if h not in reuse and h not in todo:
-                todo[h] = embed_text(r)
-        fresh = self.vectors.embed(list(todo.values()), stage(progress, "embedding"), shared=not reembed)
-        fresh_of = {h: i for i, h in enumerate(todo)}
-        vectors = np.zeros((count, self.embedder.dim), dtype=np.float32)
-        rows_fresh = [(row, fresh_of[h]) for row, h in enumerate(hashes) if h in fresh_of]
-        rows_reused = [(row, reuse[h]) for row, h in enumerate(hashes) if h not in fresh_of]
-        if rows_fresh:
-            dst, src = zip(*rows_fresh)
-            vectors[list(dst)] = fresh[list(src)]
-        if rows_reused and current is not None:
-            dst, src = zip(*rows_reused)
-            vectors[list(dst)] = current.vectors[list(src)]
-        good = usable(vectors)
-        invalid = int((~good).sum())
-        if invalid:  # never stored or indexed: those records stay pending, ranked by their keywords
-            keep = np.flatnonzero(good)
-            records, hashes, vectors = [records[i] for i in keep], [hashes[i] for i in keep], vectors[keep]
-        crash_point("rebuild-embedded")
-        indexing = stage(progress, "indexing")
-        if indexing:
-            indexing(0, count)
-        with self.store.lock("memory-rebuild"):
-            try:
-                previous = self.store.read_manifest()
-            except StoreError:
-                previous = None
-            new_manifest = self.store.commit(
-                ids=[r["id"] for r in records], hashes=hashes, vectors=vectors, embedding=dict(ours),
-                params=self.vectors.params, alpha=self.config.alpha, previous=previous, base=None, rebuilt=True,
-            )
-            self.snap.reset_lexical()  # rebuild the lexical index from scratch too
-            self.snap.refresh()
-            save_lexical(self.snap, force=True)
-        try:  # outside the lock (the team database's HNSW index, adr/0014)
-            upkeep = self.store.maintain(wait_s=self.config.postgres.timeout_s)
-        except StoreError as exc:
-            upkeep = {"built": False, "why": exc.message}
-        if indexing:
-            indexing(count, count)
-        return cast("RebuildResult", {  # a dict display: "index" (the team database's) before "warnings"
-            "rebuilt": True,
-            "count": count,
-            "embedded": len(todo) - self.vectors.shared,
-            "shared": self.vectors.shared,  # vectors another machine made (the team database)
-            "reused": len(rows_reused),
-            "model": ours.get("model"),
-            "dim": ours.get("dim"),
-            "fingerprint": ours.get("fingerprint"),
-            "rebuilt_at": new_manifest.get("rebuilt_at"),
-            "skipped_lines": len(scan.corrupt) + len(scan.duplicates),
-            "invalid": invalid,
-            **({"index": upkeep} if upkeep else {}),
-            "warnings": scan.warnings() + VectorState(invalid=invalid).notes(),
-        })
+        return Rebuild(self.snap, self.store, self.vectors, self.config).run(self.scan(), progress, reembed=reembed)
 
     @_answer
     def compact(self, progress: Reporter | None = None) -> dict[str, Any]:

@@ -1,0 +1,147 @@
+"""``memory-rebuild``: every derived file made again from the log, beside :class:`VectorSync`.
+
+Four stages: which vectors can be reused (same text, same model fingerprint, a usable row), embedding
+the rest, assembling one row per live record in log order (rows the model gave no usable vector for
+are left out: those records stay pending, ranked by their keywords), and publishing the generation
+under the write lock with a fresh lexical index.  The team database's HNSW index is built after,
+outside the lock (adr/0014).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from ..errors import StoreError
+from ..faults import crash_point
+from ..index.vectors import usable
+from ..progress import Reporter, stage
+from ..records import embed_text
+from ..search.snapshot import VectorState
+from .writepath import save_lexical
+
+if TYPE_CHECKING:
+    from ..config import MemoryConfig
+    from ..index.vectors import VectorIndex
+    from ..log import LogScan
+    from ..search.snapshot import Snapshot
+    from ..store.base import Store
+    from ..types import Embedding, RebuildResult, Record
+    from .vectorsync import VectorSync
+
+
+@dataclass
+class Rows:
+    """The live records, in log order, and their vectors."""
+
+    records: "list[Record]"
+    hashes: list[str]
+    vectors: np.ndarray
+    reused: int = 0
+    invalid: int = 0
+
+
+class Rebuild:
+    """One rebuild of one memory (see the module docstring)."""
+
+    def __init__(self, snap: "Snapshot", store: "Store", vectors: "VectorSync", config: "MemoryConfig"):
+        self.snap, self.store, self.vectors, self.config = snap, store, vectors, config
+
+    def reusable(self, ours: "Embedding", reembed: bool) -> "tuple[dict[str, int], VectorIndex | None]":
+        """Rows of the current generation whose vectors can be kept, by text hash (none with ``reembed``,
+        another model, or a broken generation: whatever is broken is replaced, on explicit request)."""
+        try:
+            manifest, current = self.store.load_current()
+        except StoreError:
+            return {}, None
+        if (reembed or manifest is None or current is None
+                or (manifest.get("embedding") or {}).get("fingerprint") != ours["fingerprint"]):
+            return {}, current
+        good = usable(current.vectors)  # a bad row (NaN, zero) an older version stored is embedded again
+        return {h: i for i, h in enumerate(current.hashes) if good[i]}, current
+
+    def rows(self, scan: "LogScan", ours: "Embedding", reembed: bool, progress: Reporter | None
+             ) -> tuple[Rows, int]:
+        """The live records' vectors, reused or embedded; and how many texts were embedded."""
+        all_hashes = self.snap.ensure_hashes()
+        live = [p for p in range(len(scan.records)) if p not in scan.dead]  # the dead are not indexed
+        records, hashes = [scan.records[p] for p in live], [all_hashes[p] for p in live]
+        reuse, current = self.reusable(ours, reembed)
+        todo: dict[str, str] = {}
+        for r, h in zip(records, hashes):
+            if h not in reuse and h not in todo:
+                todo[h] = embed_text(r)
+        fresh = self.vectors.embed(list(todo.values()), stage(progress, "embedding"), shared=not reembed)
+        fresh_of = {h: i for i, h in enumerate(todo)}
+        vectors = np.zeros((len(records), self.vectors.embedder.dim), dtype=np.float32)
+        rows_fresh = [(row, fresh_of[h]) for row, h in enumerate(hashes) if h in fresh_of]
+        rows_reused = [(row, reuse[h]) for row, h in enumerate(hashes) if h not in fresh_of]
+        if rows_fresh:
+            dst, src = zip(*rows_fresh)
+            vectors[list(dst)] = fresh[list(src)]
+        if rows_reused and current is not None:
+            dst, src = zip(*rows_reused)
+            vectors[list(dst)] = current.vectors[list(src)]
+        return Rows(records, hashes, vectors, reused=len(rows_reused)), len(todo)
+
+    @staticmethod
+    def keep_usable(rows: Rows) -> Rows:
+        """Rows without the vectors that are not usable: never stored or indexed, those records stay
+        pending, ranked by their keywords."""
+        good = usable(rows.vectors)
+        invalid = int((~good).sum())
+        if not invalid:
+            return rows
+        keep = np.flatnonzero(good)
+        return Rows([rows.records[i] for i in keep], [rows.hashes[i] for i in keep], rows.vectors[keep],
+                    reused=rows.reused, invalid=invalid)
+
+    def publish(self, rows: Rows, ours: "Embedding") -> "dict[str, Any]":
+        """Under the lock: the new generation and a lexical index built from scratch; the new manifest."""
+        with self.store.lock("memory-rebuild"):
+            try:
+                previous = self.store.read_manifest()
+            except StoreError:
+                previous = None
+            manifest = self.store.commit(
+                ids=[r["id"] for r in rows.records], hashes=rows.hashes, vectors=rows.vectors, embedding=dict(ours),
+                params=self.vectors.params, alpha=self.config.alpha, previous=previous, base=None, rebuilt=True,
+            )
+            self.snap.reset_lexical()  # rebuild the lexical index from scratch too
+            self.snap.refresh()
+            save_lexical(self.snap, force=True)
+        return dict(manifest)
+
+    def run(self, scan: "LogScan", progress: Reporter | None = None, *, reembed: bool = False) -> "RebuildResult":
+        ours = self.vectors.our_embedding()
+        rows, embedded = self.rows(scan, ours, reembed, progress)
+        count = len(rows.records)
+        rows = self.keep_usable(rows)
+        crash_point("rebuild-embedded")
+        indexing = stage(progress, "indexing")
+        if indexing:
+            indexing(0, count)
+        manifest = self.publish(rows, ours)
+        try:  # outside the lock (the team database's HNSW index, adr/0014)
+            upkeep = self.store.maintain(wait_s=self.config.postgres.timeout_s)
+        except StoreError as exc:
+            upkeep = {"built": False, "why": exc.message}
+        if indexing:
+            indexing(count, count)
+        return cast("RebuildResult", {  # a dict display: "index" (the team database's) before "warnings"
+            "rebuilt": True,
+            "count": count,
+            "embedded": embedded - self.vectors.shared,
+            "shared": self.vectors.shared,  # vectors another machine made (the team database)
+            "reused": rows.reused,
+            "model": ours.get("model"),
+            "dim": ours.get("dim"),
+            "fingerprint": ours.get("fingerprint"),
+            "rebuilt_at": manifest.get("rebuilt_at"),
+            "skipped_lines": len(scan.corrupt) + len(scan.duplicates),
+            "invalid": rows.invalid,
+            **({"index": upkeep} if upkeep else {}),
+            "warnings": scan.warnings() + VectorState(invalid=rows.invalid).notes(),
+        })
