@@ -158,3 +158,16 @@ def team(pg, tmp_path, monkeypatch):
     write_config(root, provider="hash", model="hash-256", lock_timeout=20.0, near_duplicate=None,
                  backend="postgres", postgres={"namespace": namespace})
     return root
+
+
+# -- a throwaway memory: the in-memory store (issue 22) -------------------------------------------------------
+@pytest.fixture
+def throwaway_memory(project):
+    """A ``Memory`` with ``project``'s settings whose log, lock and derived state live in this process
+    (``store/inmemory.py``, the hash embedder): nothing is written to the memory folder."""
+    from nubos_memory.api.memory import Memory
+    from nubos_memory.config import load_project
+    from nubos_memory.embed.hashing import HashEmbedder
+    from nubos_memory.store.inmemory import InMemoryStore
+
+    return Memory(load_project(project), embedder=HashEmbedder("hash-256"), store=InMemoryStore(lock_timeout=2.0))
