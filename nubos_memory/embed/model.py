@@ -8,9 +8,11 @@ outside the project also works (``config.check_model_location``).
 A text longer than the model's window (256 wordpieces for MiniLM) is not
 truncated: it is cut into pieces that fit (``chunking.py``, at token offsets
 the runtime's tokenizer reports), each piece is embedded, and the text's
-vector is their mean with the first piece counted twice, normalised (adr/0002
-has the SciFact numbers behind this).  The runtime (``torch_runtime.py``, and
-any other with the same four operations) only tokenises and encodes pieces.
+vector is their mean with the first piece counted twice, normalised
+(``pooling.py``; adr/0002 has the SciFact numbers behind this).  The runtime
+(``torch_runtime.py``, ``onnx_runtime.py``, and any other with the same four
+operations) only tokenises and encodes pieces; ``ModelEmbedder.choose`` says
+which one runs a model, and why.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -27,29 +30,14 @@ from ..errors import EmbeddingError
 from ..limits import DEFAULT_MODEL
 from ..userdirs import DOWNLOADS_ENV, allow_downloads
 from .base import Embedder
-from .chunking import split_for_window
 from .modelfiles import digest, locate
+from .pooling import FIRST_PIECE_WEIGHT, Runtime, embed_with, pieces_for, pool_pieces
+
+# The pooling helpers live in pooling.py; these names are still importable from here.
+__all__ = ["BATCH_ON_GPU", "DEFAULT_MODEL_DIM", "FIRST_PIECE_WEIGHT", "Choice", "ModelEmbedder", "Runtime",
+           "embed_with", "gpu_device", "pieces_for", "pool_pieces"]
 
 DEFAULT_MODEL_DIM = 384
-FIRST_PIECE_WEIGHT = 2.0
-
-
-class Runtime(Protocol):
-    """What computes a model's vectors: a second runtime implements these and nothing else."""
-
-    name: str
-    device: str
-    window: int  # tokens per piece (the model's max length minus its special tokens); known after load
-    dim: int
-
-    def load(self) -> None:
-        """Load the model (raise ``EmbeddingError`` if it cannot be)."""
-
-    def token_starts(self, texts: list[str]) -> list[list[int]]:
-        """The character offset where each token of each text starts (no special tokens)."""
-
-    def encode(self, texts: list[str]) -> np.ndarray:
-        """Unit vectors, float32, of texts that each fit the window."""
 
 
 def gpu_device() -> str | None:
@@ -63,6 +51,16 @@ def gpu_device() -> str | None:
 
 
 BATCH_ON_GPU = 16  # texts in one embed call from which a GPU (when there is one) does the work
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Which runtime embeds a model and why (``ModelEmbedder.choose``)."""
+
+    runtime: str  # "torch" or "onnx"
+    why: str
+    status: str | None = None  # onnx: its export's state (``onnx_export.state``): ready, missing, damaged
+    path: Path | None = None  # onnx: the exported model.onnx, when ready
 
 
 class ModelEmbedder(Embedder):
@@ -107,30 +105,44 @@ class ModelEmbedder(Embedder):
         return self._digest[0]
 
     # -- which runtime -----------------------------------------------------------------------
+    def choose(self, folder: Path | None, *, loading: bool = False) -> Choice:
+        """Which runtime embeds and why, decided without loading or exporting anything (adr/0012):
+        torch when asked for, when the model is not a local folder, when an ONNX export could not be
+        kept or the model cannot run on ONNX exactly, else ONNX with its export's state.
+
+        ``loading``: the choice of a runtime about to load, which says ``why`` as it always has:
+        "the model is not a local folder" in every case without a folder, and a refused export as a
+        model ONNX cannot run (``plan`` words both as they read before anything loads)."""
+        if loading and folder is None:
+            return Choice("torch", "the model is not a local folder")
+        if self.runtime_choice == "torch":
+            return Choice("torch", "memory.runtime is torch")
+        if folder is None:
+            return Choice("torch", "the model is not a local folder (torch fetches it)")
+        from .onnx_export import state, unkept
+        from .onnx_runtime import Unsupported, describe_folder
+
+        if unkept():  # an export made now could not be kept: every process would pay ~20 s for it
+            return Choice("torch", str(unkept()))
+        try:
+            describe_folder(folder)
+        except Unsupported as exc:
+            return Choice("torch", f"ONNX cannot run this model exactly: {exc}")
+        status, why, path = state(self.files_digest() or "")
+        if status == "refused":
+            return Choice("torch", f"ONNX cannot run this model exactly: {why}" if loading else why)
+        return Choice("onnx", why, status, path)
+
     def plan(self) -> dict[str, Any]:
         """Which runtime and device embed, and why, told without loading anything (``memory-stats``)."""
         if self._runtime is not None:
             return self.runtime_info()
-        folder = self.folder()
+        choice = self.choose(self.folder())
         device = self._device()
+        if choice.runtime == "torch":
+            return {"runtime": "torch", "device": device, "why": choice.why}
         batches = f"torch on {device} for batches of {BATCH_ON_GPU}+ texts" if device != "cpu" else None
-        if self.runtime_choice == "torch":
-            return {"runtime": "torch", "device": device, "why": "memory.runtime is torch"}
-        if folder is None:
-            return {"runtime": "torch", "device": device, "why": "the model is not a local folder (torch fetches it)"}
-        from .onnx_export import state, unkept
-        from .onnx_runtime import Unsupported, describe_folder
-
-        if unkept():
-            return {"runtime": "torch", "device": device, "why": unkept()}
-        try:
-            describe_folder(folder)
-        except Unsupported as exc:
-            return {"runtime": "torch", "device": device, "why": f"ONNX cannot run this model exactly: {exc}"}
-        status, why, _ = state(self.files_digest() or "")
-        if status == "refused":
-            return {"runtime": "torch", "device": device, "why": why}
-        return {"runtime": "onnx", "device": "cpu", "status": status, "why": why, "batches": batches}
+        return {"runtime": "onnx", "device": "cpu", "status": choice.status, "why": choice.why, "batches": batches}
 
     def _device(self) -> str:
         if self.device_choice != "auto":
@@ -138,40 +150,46 @@ class ModelEmbedder(Embedder):
         return gpu_device() or "cpu"
 
     def _make_runtime(self, folder: Path | None, downloads: bool) -> Runtime:
-        """The runtime for single texts (and for batches without a GPU), and why it was chosen."""
+        """The runtime for single texts (and for batches without a GPU), and why it was chosen
+        (``choose``): ONNX, exported first when it is not yet, or torch."""
         from .torch_runtime import TorchRuntime
 
-        location = str(folder) if folder is not None else self.model_id
-        device = self._device()
-        if self.runtime_choice == "torch" or folder is None:
-            self._why = "memory.runtime is torch" if folder is not None else "the model is not a local folder"
-            return TorchRuntime(location, device=device, downloads=downloads, batch_size=self.batch_size)
-        from .onnx_export import export, refuse, state, unkept
-        from .onnx_runtime import OnnxRuntime, Unsupported, describe_folder
-
-        digest_ = self.files_digest() or ""
-        if unkept():  # an export made now could not be kept: every process would pay ~20 s for it
-            self._why = str(unkept())
-            return TorchRuntime(location, device=device, downloads=downloads, batch_size=self.batch_size)
         try:
-            describe_folder(folder)
-            status, why, path = state(digest_)
-            if status != "ready" or path is None:
-                path = export(folder, digest_)
-                why = state(digest_)[1]
-            self._why = why
-            return OnnxRuntime(folder, path, batch_size=self.batch_size)
-        except Unsupported as exc:
-            self._why = f"ONNX cannot run this model exactly: {exc}"
+            choice = self.choose(folder, loading=True)
+            if choice.runtime == "torch" or folder is None:
+                self._why = choice.why
+            elif (onnx := self._onnx_runtime(folder, choice)) is not None:
+                return onnx
         except EmbeddingError:
             raise
         except Exception as exc:  # noqa: BLE001 - an export that fails for any reason: torch, and say why
             self._why = f"the ONNX export failed ({type(exc).__name__}: {str(exc)[:200]})"
+            from .onnx_export import refuse
+
             try:
-                refuse(digest_, self._why)
+                refuse(self.files_digest() or "", self._why)
             except OSError:
                 pass
-        return TorchRuntime(location, device=device, downloads=downloads, batch_size=self.batch_size)
+        location = str(folder) if folder is not None else self.model_id
+        return TorchRuntime(location, device=self._device(), downloads=downloads, batch_size=self.batch_size)
+
+    def _onnx_runtime(self, folder: Path, choice: Choice) -> Runtime | None:
+        """The ONNX runtime ``choice`` names, the model exported first when its export is not ready;
+        None (and why) when the export cannot be used."""
+        from .onnx_export import export, state
+        from .onnx_runtime import OnnxRuntime, Unsupported
+
+        path, why = choice.path, choice.why
+        if choice.status != "ready" or path is None:
+            digest_ = self.files_digest() or ""
+            try:
+                path = export(folder, digest_)
+                why = state(digest_)[1]
+            except Unsupported as exc:
+                self._why = f"ONNX cannot run this model exactly: {exc}"
+                return None
+        self._why = why
+        return OnnxRuntime(folder, path, batch_size=self.batch_size)
 
     def runtime(self) -> Runtime:
         """The loaded runtime (loading the model on first use)."""
@@ -252,44 +270,3 @@ class ModelEmbedder(Embedder):
             raise EmbeddingError(f"embedding failed: {type(exc).__name__}: {exc}"[:500],
                                  code="embedding-failed", details={"model": self.model_id}) from None
 
-
-def pieces_for(runtime: Runtime, texts: list[str]) -> tuple[list[str], list[int]]:
-    """Every text cut into pieces that fit the runtime's window (``chunking.split_for_window``, at its
-    tokenizer's token offsets), and the text each piece belongs to."""
-    pieces: list[str] = []
-    owner: list[int] = []
-    for i, (text, starts) in enumerate(zip(texts, runtime.token_starts(texts))):
-        for piece in split_for_window(text, starts, runtime.window):
-            pieces.append(piece)
-            owner.append(i)
-    return pieces, owner
-
-
-def embed_with(runtime: Runtime, texts: list[str]) -> np.ndarray:
-    """One unit vector per text: texts that fit the window as they are, longer ones in pooled pieces."""
-    # A query: most fit the window.  A character is at most 4 tokens (UTF-8 bytes, for byte-level
-    # tokenizers), so a short text fits for sure; a longer one is counted.
-    if len(texts) == 1 and (4 * len(texts[0]) <= runtime.window
-                            or len(runtime.token_starts(texts)[0]) <= runtime.window):
-        return runtime.encode(texts)
-    pieces, owner = pieces_for(runtime, texts)
-    vecs = runtime.encode(pieces)
-    if len(pieces) == len(texts):  # everything fit the window: nothing to pool
-        return vecs
-    return pool_pieces(vecs, np.asarray(owner), len(texts))
-
-
-def pool_pieces(vecs: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
-    """One unit vector per text: the mean of its pieces' vectors, the first piece weighted
-    ``FIRST_PIECE_WEIGHT`` (it holds the title and the opening, usually the point)."""
-    weights = np.ones(len(owner), dtype=np.float64)
-    weights[np.r_[True, owner[1:] != owner[:-1]]] = FIRST_PIECE_WEIGHT
-    pooled = np.zeros((n, vecs.shape[1]), dtype=np.float64)
-    np.add.at(pooled, owner, vecs * weights[:, None])
-    pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-    out = pooled.astype(np.float32)
-    single = np.bincount(owner, minlength=n) == 1  # a text of one piece keeps its vector bit for bit
-    firsts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
-    rows = firsts[single[owner[firsts]]]
-    out[owner[rows]] = vecs[rows]
-    return out

@@ -173,32 +173,38 @@ def export(folder: Path, digest: str, *, quiet: bool = False) -> Path:
             return path  # another process exported it meanwhile
         if status == "refused":
             raise Unsupported(why)
-        describe_folder(folder)
-        if not quiet:
-            sys.stderr.write(f"nubos-memory: exporting the embedding model to ONNX, once ({folder.name})...\n")
-            sys.stderr.flush()
-        start = time.perf_counter()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=base))  # fresh: onnx appends to a .data file
-        try:
-            os.chmod(tmp, DIR_MODE)
-            info = _export_files(folder, tmp)
-            for name in FILES:
-                os.chmod(tmp / name, FILE_MODE)
-            info["files"] = {name: sha256_of(tmp / name) for name in FILES}
-            info["parity"] = parity(folder, tmp / "model.onnx")
-            info["export_s"] = round(time.perf_counter() - start, 2)
-            if info["parity"]["min_cos"] < PARITY_MIN:
-                info["refused"] = (f"the ONNX export gives other vectors than sentence-transformers (cosine "
-                                   f"{info['parity']['min_cos']:.7f} < {PARITY_MIN} on the probes); torch is used")
-            _publish(tmp, digest, info)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _export_checked(folder, digest, base, quiet=quiet)
     finally:
         lock.release()
     status, why, path = state(digest)
     if status != "ready" or path is None:
         raise Unsupported(why)
     return path
+
+
+def _export_checked(folder: Path, digest: str, base: Path, *, quiet: bool) -> None:
+    """Export the model into a fresh folder under ``base``, check its parity and publish it (as
+    refused when its vectors are not sentence-transformers')."""
+    describe_folder(folder)
+    if not quiet:
+        sys.stderr.write(f"nubos-memory: exporting the embedding model to ONNX, once ({folder.name})...\n")
+        sys.stderr.flush()
+    start = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=base))  # fresh: onnx appends to a .data file
+    try:
+        os.chmod(tmp, DIR_MODE)
+        info = _export_files(folder, tmp)
+        for name in FILES:
+            os.chmod(tmp / name, FILE_MODE)
+        info["files"] = {name: sha256_of(tmp / name) for name in FILES}
+        info["parity"] = parity(folder, tmp / "model.onnx")
+        info["export_s"] = round(time.perf_counter() - start, 2)
+        if info["parity"]["min_cos"] < PARITY_MIN:
+            info["refused"] = (f"the ONNX export gives other vectors than sentence-transformers (cosine "
+                               f"{info['parity']['min_cos']:.7f} < {PARITY_MIN} on the probes); torch is used")
+        _publish(tmp, digest, info)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _publish(tmp: Path, digest: str, info: dict[str, Any]) -> None:
@@ -230,20 +236,34 @@ def refuse(digest: str, why: str) -> None:
 
 def _export_files(folder: Path, out: Path) -> dict[str, Any]:
     """``torch.onnx.export`` of the folder's transformer to ``out/model.onnx`` + ``model.onnx.data``."""
-    import inspect
-
     from .torch_runtime import quiet_hugging_face
 
     quiet_hugging_face(downloads=False)  # the folder is local; nothing on stdout or stderr but our note
     import onnx
     import torch
-    from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
     for name in ("torch.onnx", "torch.export", "torch._dynamo", "transformers", "onnxscript"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    model, names, config = _encoder(folder)
+    proto, exporter = _trace(model, names, config)
+    _strip(proto)  # no stack traces with paths in node metadata: the same model gives the same bytes
+    onnx.save_model(proto, str(out / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=1024)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    return {"exporter": exporter, "opset": opset, "torch": torch.__version__, "onnx": onnx.__version__}
+
+
+def _encoder(folder: Path) -> tuple[Any, list[str], Any]:
+    """The folder's transformer as a module that returns its last hidden state, in eval mode, the
+    names of the inputs it takes, and its config."""
+    import inspect
+
+    import torch
+    from transformers import AutoModel
+
     hf = AutoModel.from_pretrained(str(folder), use_safetensors=True, trust_remote_code=False,
                                    attn_implementation="eager", dtype=torch.float32)
     typed = "token_type_ids" in inspect.signature(hf.forward).parameters
@@ -263,6 +283,15 @@ def _export_files(folder: Path, out: Path) -> dict[str, Any]:
             return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True).last_hidden_state
 
     model = (Encoder if typed else TwoInputs)(hf).eval()  # in training mode it would export its Dropout
+    return model, names, hf.config
+
+
+def _trace(model: Any, names: list[str], config: Any) -> tuple[Any, str]:
+    """The ONNX graph of ``model`` with dynamic batch and sequence sizes, and the exporter that made
+    it: the dynamo exporter, else (no onnxscript, or a model dynamo cannot trace) TorchScript's."""
+    import onnx
+    import torch
+
     ids = torch.tensor([[101, 7592, 2088, 2003, 1037, 3231, 102, 0]] * 2, dtype=torch.long)  # no size-1 dims
     sample = (ids, (ids != 0).long(), torch.zeros_like(ids))[: len(names)]
     exporter = "dynamo"
@@ -270,7 +299,7 @@ def _export_files(folder: Path, out: Path) -> dict[str, Any]:
         warnings.simplefilter("ignore")
         try:
             batch = torch.export.Dim("batch", min=1, max=4096)
-            seq = torch.export.Dim("sequence", min=1, max=int(hf.config.max_position_embeddings))
+            seq = torch.export.Dim("sequence", min=1, max=int(config.max_position_embeddings))
             program = torch.onnx.export(model, sample, None, dynamo=True, input_names=names,
                                         output_names=["last_hidden_state"], optimize=True, verbose=False,
                                         dynamic_shapes={n: {0: batch, 1: seq} for n in names})
@@ -283,11 +312,7 @@ def _export_files(folder: Path, out: Path) -> dict[str, Any]:
                               dynamic_axes={**{n: {0: "batch", 1: "sequence"} for n in names},
                                             "last_hidden_state": {0: "batch", 1: "sequence"}})
             proto = onnx.load_from_string(buf.getvalue())
-    _strip(proto)  # no stack traces with paths in node metadata: the same model gives the same bytes
-    onnx.save_model(proto, str(out / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="model.onnx.data", size_threshold=1024)
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
-    return {"exporter": exporter, "opset": opset, "torch": torch.__version__, "onnx": onnx.__version__}
+    return proto, exporter
 
 
 def _strip(proto: Any) -> None:
@@ -316,7 +341,7 @@ def _strip(proto: Any) -> None:
 def parity(folder: Path, onnx_path: Path) -> dict[str, Any]:
     """The probes embedded by the product's path with ONNX and with torch: the worst cosine and the
     largest absolute difference."""
-    from .model import embed_with
+    from .pooling import embed_with
     from .torch_runtime import TorchRuntime
 
     reference = TorchRuntime(str(folder))

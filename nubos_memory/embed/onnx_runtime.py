@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from .pooling import pool
+
 # modules.json "type" strings this runtime reproduces exactly (older and sentence-transformers 6 spellings).
 TRANSFORMER_TYPES = frozenset((
     "sentence_transformers.models.Transformer", "sentence_transformers.models.transformer.Transformer",
@@ -62,7 +64,29 @@ def _json(path: Path, default: Any = None) -> Any:
 
 
 def describe_folder(folder: Path) -> dict[str, Any]:
-    """What the ONNX runtime needs to know of a sentence-transformers folder, or :class:`Unsupported`."""
+    """What the ONNX runtime needs to know of a sentence-transformers folder, or :class:`Unsupported`.
+
+    The checks run in this order, the first that fails saying why: the modules, the pooling, the
+    sentence-transformers settings, the transformer's own config and its tokenizer."""
+    pooling_path, normalize = _modules(folder)
+    modes = _pooling_modes(_json(folder / pooling_path / "config.json", {}))
+    sb = _sentence_transformers_settings(folder)
+    hf = _json(folder / "config.json", {})
+    if hf.get("auto_map"):
+        raise Unsupported("config.json names custom modelling code (auto_map)")
+    if not (folder / "tokenizer.json").is_file():
+        raise Unsupported("no tokenizer.json (a slow tokenizer only)")
+    tokenizer_config = _json(folder / "tokenizer_config.json", {})
+    max_len = sb.get("max_seq_length") or tokenizer_config.get("model_max_length") or 512
+    if hf.get("max_position_embeddings"):
+        max_len = min(int(max_len), int(hf["max_position_embeddings"]))
+    return {"modes": modes, "normalize": normalize, "max_seq_length": int(min(max_len, 8192)),
+            "tokenizer_config": tokenizer_config}
+
+
+def _modules(folder: Path) -> tuple[str, bool]:
+    """The Pooling module's folder and whether a Normalize module follows it: the modules must be
+    a plain Transformer, a Pooling module and at most one Normalize."""
     modules = _json(folder / "modules.json")
     if not isinstance(modules, list) or not modules:
         raise Unsupported("the folder has no modules.json")
@@ -77,8 +101,11 @@ def describe_folder(folder: Path) -> dict[str, Any]:
         raise Unsupported(f"module {foreign[0].get('type')} ({foreign[0].get('path')!r}) is not reproduced by ONNX")
     if len(rest) > 1:
         raise Unsupported("more than one Normalize module")
-    normalize = bool(rest)
-    pooling = _json(folder / (ordered[1].get("path") or "") / "config.json", {})
+    return ordered[1].get("path") or "", bool(rest)
+
+
+def _pooling_modes(pooling: dict[str, Any]) -> list[str]:
+    """The pooling modes a Pooling module's config names, if ONNX reproduces them all."""
     if "pooling_mode" in pooling:
         modes = pooling["pooling_mode"]
         modes = [modes] if isinstance(modes, str) else list(modes)
@@ -89,12 +116,18 @@ def describe_folder(folder: Path) -> dict[str, Any]:
         raise Unsupported(f"pooling mode(s) {bad} are not reproduced by ONNX")
     if pooling.get("include_prompt") is False:
         raise Unsupported("pooling excludes the prompt")
+    return modes
+
+
+def _sentence_transformers_settings(folder: Path) -> dict[str, Any]:
+    """``sentence_bert_config.json``, once it and ``config_sentence_transformers.json`` ask for
+    nothing ONNX does not reproduce (prompts, truncated dimensions, lower-casing, other tasks)."""
     st = _json(folder / "config_sentence_transformers.json", {})
     if st.get("default_prompt_name") or st.get("truncate_dim"):
         raise Unsupported("the model applies a prompt or truncates its dimension")
     if st.get("model_type") not in (None, "SentenceTransformer"):
         raise Unsupported(f"model_type {st.get('model_type')!r}")
-    sb = _json(folder / "sentence_bert_config.json", {})
+    sb: dict[str, Any] = _json(folder / "sentence_bert_config.json", {})
     if sb.get("do_lower_case"):
         raise Unsupported("sentence-transformers lower-cases the text itself (do_lower_case)")
     extra = sorted(set(sb) - SB_KEYS)
@@ -104,33 +137,7 @@ def describe_folder(folder: Path) -> dict[str, Any]:
             or sb.get("modality_config", DEFAULT_MODALITY) != DEFAULT_MODALITY
             or sb.get("module_output_name", "token_embeddings") != "token_embeddings"):
         raise Unsupported("the Transformer module is configured in a way ONNX does not reproduce")
-    hf = _json(folder / "config.json", {})
-    if hf.get("auto_map"):
-        raise Unsupported("config.json names custom modelling code (auto_map)")
-    if not (folder / "tokenizer.json").is_file():
-        raise Unsupported("no tokenizer.json (a slow tokenizer only)")
-    tokenizer_config = _json(folder / "tokenizer_config.json", {})
-    max_len = sb.get("max_seq_length") or tokenizer_config.get("model_max_length") or 512
-    if hf.get("max_position_embeddings"):
-        max_len = min(int(max_len), int(hf["max_position_embeddings"]))
-    return {"modes": modes, "normalize": normalize, "max_seq_length": int(min(max_len, 8192)),
-            "tokenizer_config": tokenizer_config}
-
-
-def pool(hidden: np.ndarray, mask: np.ndarray, modes: list[str]) -> np.ndarray:
-    """sentence-transformers' Pooling in numpy (float32, as torch computes it)."""
-    out = []
-    m = mask.astype(hidden.dtype)[:, :, None]
-    for mode in modes:
-        if mode == "cls":
-            out.append(hidden[np.arange(hidden.shape[0]), mask.argmax(axis=1)])
-        elif mode == "max":
-            out.append(np.where(m > 0, hidden, -np.inf).max(axis=1).astype(hidden.dtype))
-        else:  # mean, mean_sqrt_len_tokens
-            total = (hidden * m).sum(axis=1)
-            count = np.maximum(m.sum(axis=1), 1e-9)
-            out.append(total / (count if mode == "mean" else np.sqrt(count)))
-    return np.concatenate(out, axis=-1) if len(out) > 1 else out[0]
+    return sb
 
 
 def default_threads() -> int:
