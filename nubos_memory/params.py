@@ -40,6 +40,7 @@ from .limits import (
     MODES,
     PROVENANCES,
 )
+from .records import iso_to_epoch
 
 ONE_LINE = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"  # one line with something on it
 ID = f"^{ID_PATTERN}$"
@@ -88,6 +89,7 @@ class Param:
     nargs: str | None = None
     metavar: str | None = None
     append: bool = False  # a repeatable flag (--include A --include B)
+    time: bool = False  # a string that must be an ISO-8601 time with a zone (``records.iso_to_epoch``)
     invalid: tuple[str, str] | None = None  # (code, message) when :func:`check` refuses a value
 
     @property
@@ -117,6 +119,8 @@ def check(param: Param, value: Any) -> None:
         ok = ok and isinstance(value, (int, float))
     elif kind is list:
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    elif param.time:
+        ok = iso_to_epoch(value) is not None
     if ok and param.choices:
         ok = value in param.choices
     if ok and kind in (int, float):
@@ -178,6 +182,10 @@ QUERY = (
     Param("fusion", str, None, "How hybrid combines its two sides: z (the default: each side standardised over the "
           "candidates), alpha (a weighted sum), rrf (reciprocal rank fusion).", choices=FUSIONS,
           invalid=(codes.QUERY_INVALID_FUSION, f"fusion must be one of {list(FUSIONS)}")),
+    Param("since", str, "only records created at or after this ISO-8601 time, e.g. 2026-11-01T00:00:00Z",
+          "Only records created at or after this time (ISO-8601 with a zone), e.g. \"2026-11-01T00:00:00Z\".",
+          time=True, invalid=(codes.QUERY_INVALID_SINCE, "since must be an ISO-8601 time with a zone, e.g. "
+                              "2026-11-01T00:00:00Z")),
     Param("explain", bool, "show each hit's score parts", "Add each hit's per-side scores and ranks.", default=False),
     Param("no_collapse", bool, "list near duplicates as separate hits (default: the newest of them, counted)",
           default=False),

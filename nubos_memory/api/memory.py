@@ -334,6 +334,7 @@ class Memory:
         max_tokens: int | None = None,
         track: bool = True,
         collapse: bool = True,
+        since: str | None = None,
     ) -> "QueryResult":
         """Hybrid search (``memory-query``); see ``search/fusion.py`` for the scoring.
 
@@ -342,6 +343,7 @@ class Memory:
         (usage, for ``memory-prune``).  ``collapse`` shows near duplicates as one hit (adr/0009).
         ``phase`` matches that phase and the phases under it (``M001`` finds ``M001-S002-T0001``)
         unless ``phase_exact``.  A ``type`` no record can have is refused with the allowed list.
+        ``since`` (ISO-8601) keeps records created at or after that time.
         """
         from ..search.query import run_query
         from .context import fit_budget
@@ -357,11 +359,12 @@ class Memory:
         alpha = self.config.alpha if alpha is None else alpha
         fusion = fusion or self.config.fusion
         for name, value in (("k", k), ("alpha", alpha), ("fusion", fusion), ("mode", mode),
-                            ("max_tokens", max_tokens)):
+                            ("max_tokens", max_tokens), ("since", since)):
             check(QUERY_PARAMS[name], value)  # as declared (params.py): the one check of every caller
         self._check_filters(type, phase, tags)
         result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
-                           fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact)
+                           fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact,
+                           since=since)
         if max_tokens is not None:
             result["hits"], result["budget"] = fit_budget(result["hits"], max_tokens)
         if track and result["hits"] and not self.store.usage.record([h["id"] for h in result["hits"]]):

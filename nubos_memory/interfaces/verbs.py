@@ -148,6 +148,20 @@ def run(name: str, request: Request, ctx: Context) -> tuple[int, str, Any]:
         return code, "stderr", envelope
 
 
+def argument(param: Param, request: Request) -> Any:
+    """A declared argument from a request: its default when not given, a flag as a bool, ``--tags a,b``
+    as a list."""
+    value = request.get(param.name)
+    if param.cli_kind is str and param.kind is list:
+        return tags(value)
+    if value is None or (value == "" and param.default is not None):
+        return param.default
+    return bool(value) if param.kind is bool else value
+
+
+NOT_QUERY_OPTIONS = ("positional", "text", "no_collapse", "format")  # the query's text, and its answer's shape
+
+
 def _memory(ctx: Context, request: Request) -> "Memory":
     return ctx.open_memory(request.get("root"))
 
@@ -207,12 +221,8 @@ def _query(ctx: Context, request: Request) -> Any:
         raise UsageError("give the query as --text or positionally, not both")
     if text is None and positional:
         text = " ".join(positional)
-    result = _memory(ctx, request).query(
-        text, k=request.get("k", 8), type=request.get("type"), phase=request.get("phase"),
-        phase_exact=bool(request.get("phase_exact")),
-        tags=tags(request.get("tags")), alpha=request.get("alpha"), fusion=request.get("fusion"),
-        explain=bool(request.get("explain")), mode=request.get("mode") or "hybrid",
-        max_tokens=request.get("max_tokens"), collapse=not request.get("no_collapse"))
+    options = {p.name: argument(p, request) for p in P.QUERY if p.name not in NOT_QUERY_OPTIONS}
+    result = _memory(ctx, request).query(text, collapse=not request.get("no_collapse"), **options)
     if FORMAT_ALIASES.get(request.get("format") or "", request.get("format")) == "markdown":
         from ..api.context import render_markdown
 

@@ -22,6 +22,7 @@ class Request:
     mode: str = "hybrid"
     collapse: bool = True
     phase_exact: bool = False
+    since: str | None = None  # ISO-8601: only records created at or after it
 
 
 @dataclass

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..errors import EmbeddingError, StoreError
+from ..records import iso_to_epoch
 from ..tokenize import tokenize
 from .answer import empty_answer, groups_of, hit_of
 from .fusion import Candidate, importance_factor, ranker, uses_context
@@ -63,7 +64,7 @@ class Searchable(Protocol):
 
 def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: str | None, tags: list[str],
               alpha: float, fusion: str, explain: bool, mode: str = "hybrid", collapse: bool = True,
-              phase_exact: bool = False) -> "QueryResult":
+              phase_exact: bool = False, since: str | None = None) -> "QueryResult":
     """Answer one query; never fails because of the vector layer (it reports ``degraded``).
 
     ``mode`` "lexical" or "vector" ranks by one signal only (with its neighbour context).  With
@@ -71,7 +72,7 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
     the newest of them by ``created_at`` (``records.recency``) is shown, ranked and scored as the best of them, the others counted in
     its ``collapsed`` field (``dedup.collapse``).
     """
-    req = Request(text, k, type, phase, tags, alpha, fusion, explain, mode, collapse, phase_exact)
+    req = Request(text, k, type, phase, tags, alpha, fusion, explain, mode, collapse, phase_exact, since)
     scan = mem.scan()
     out = empty_answer(mem.config, scan, req)
     terms = tokenize(text)
@@ -100,6 +101,8 @@ def _filtered(snap: Snapshot, scan: LogScan, req: Request, terms: list[str],
         return None  # an empty store or a term-less query never loads the model
     allowed = snap.allowed(req.type, req.phase, req.tags, phase_exact=req.phase_exact)
     positions = np.flatnonzero(snap.alive) if allowed is None else allowed
+    if req.since is not None:
+        allowed = positions = _created_since(scan, positions, req.since)
     if len(positions) == 0:
         if scan.live_count:
             out["warnings"].append({"code": "filters-match-nothing",
@@ -107,6 +110,15 @@ def _filtered(snap: Snapshot, scan: LogScan, req: Request, terms: list[str],
                                                "drop or widen them", "filters": out["query"]["filters"]})
         return None
     return allowed, positions
+
+
+def _created_since(scan: LogScan, positions: np.ndarray, since: str) -> np.ndarray:
+    """The positions whose record was created at or after ``since`` (one without a time is left out)."""
+    start = iso_to_epoch(since)
+    times = [iso_to_epoch(scan.records[p].get("created_at")) for p in positions]
+    keep: np.ndarray = positions[np.fromiter((t is not None and start is not None and t >= start for t in times),
+                                             dtype=bool, count=len(times))]
+    return keep
 
 
 def _scope(mem: Searchable, req: Request, allowed: np.ndarray | None,
