@@ -66,6 +66,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import codes
 from .fsio import JSONDecodeError, dumps, loads
 from .limits import MAX_REASON
 from .records import now_iso, read_record
@@ -121,12 +122,12 @@ class LogScan:
 
     def warnings(self, limit: int = 20) -> list[dict[str, Any]]:
         """Damage worth telling every caller about, ``limit`` of each kind (``problems`` has all counts)."""
-        out = [{"code": "records-corrupt-line", **c} for c in self.corrupt[:limit]]
+        out = [{"code": codes.RECORDS_CORRUPT_LINE, **c} for c in self.corrupt[:limit]]
         # (an id repeated with other content is said once, in memory-stats: problems(); not on every answer)
-        out += [{"code": "records-group-damaged", **g} for g in self.damaged_groups[:limit]]
-        out += [{"code": "records-stray-op", **s} for s in self.stray_ops[:limit]]
+        out += [{"code": codes.RECORDS_GROUP_DAMAGED, **g} for g in self.damaged_groups[:limit]]
+        out += [{"code": codes.RECORDS_STRAY_OP, **s} for s in self.stray_ops[:limit]]
         if self.partial_tail is not None:
-            out.append({"code": "records-unfinished-write", **self.partial_tail,
+            out.append({"code": codes.RECORDS_UNFINISHED_WRITE, **self.partial_tail,
                         "message": "the end of records.jsonl is a write in progress or a crashed writer's "
                                    "leftovers; it is not applied yet and is settled by the next write "
                                    "(nothing complete is ever dropped)"})
@@ -136,21 +137,21 @@ class LogScan:
         """Every kind of damage, with its count and where it is (``memory-stats``)."""
         out = []
         for code, items, what in (
-            ("records-corrupt-line", self.corrupt, "line(s) that are not valid records or operations were skipped"),
-            ("records-duplicate-id", self.duplicates, "line(s) repeat the id of a live record with other content "
+            (codes.RECORDS_CORRUPT_LINE, self.corrupt, "line(s) that are not valid records or operations were skipped"),
+            (codes.RECORDS_DUPLICATE_ID, self.duplicates, "line(s) repeat the id of a live record with other content "
                                                       "(no forget between them); the first is kept. To keep the "
                                                       "first, run memory-compact (it drops the later lines); to "
                                                       "keep a later one, memory-forget the id and memory-add that "
                                                       "version again"),
-            ("records-group-damaged", self.damaged_groups, "change(s) of several lines are damaged (a hand edit?); "
+            (codes.RECORDS_GROUP_DAMAGED, self.damaged_groups, "change(s) of several lines are damaged (a hand edit?); "
                                                            "their lines were applied one by one"),
-            ("records-stray-op", self.stray_ops, "group/commit/rollback line(s) belong to no change; ignored"),
+            (codes.RECORDS_STRAY_OP, self.stray_ops, "group/commit/rollback line(s) belong to no change; ignored"),
         ):
             if items:
                 out.append({"code": code, "message": f"{len(items)} {what}", "count": len(items),
                             "lines": [i["line"] for i in items[:50]]})
         if self.partial_tail is not None:
-            out.append({"code": "records-unfinished-write", "message": "records.jsonl ends in an unfinished write "
+            out.append({"code": codes.RECORDS_UNFINISHED_WRITE, "message": "records.jsonl ends in an unfinished write "
                         f"from line {self.partial_tail['line']}; the next write settles it", **self.partial_tail})
         return out
 

@@ -10,9 +10,10 @@ meaning.  The scanner reads the package's source (ast) for every place a code is
 * ``for code, ... in (("x", ...), ...)`` tables;
 * any use of a catalogue constant (``codes.LOCK_TIMEOUT``, or a name imported from ``codes``).
 
-A code given as a string literal must be in the catalogue; a code built by an f-string must be a
-known template (``TEMPLATES``) whose every value is in the catalogue; every catalogue code must be
-used somewhere.
+Every site gives its code as a catalogue constant: a string literal or an f-string at a site fails
+(``test_no_code_is_a_literal``).  A literal code must still be in the catalogue, a code built by an
+f-string a known template (``TEMPLATES``) whose every value is in the catalogue; every catalogue
+code must be used somewhere.
 """
 
 from __future__ import annotations
@@ -33,11 +34,9 @@ DOC = REPO / "docs" / "errors.md"
 
 # Helpers whose positional argument at this index is a code.
 POSITIONAL = {"_Fail": 0, "usage_error": 1}
-# Codes still built from a template (in modules not converted to the catalogue yet): every value
-# each template can take.  verbs.read_file(path, what, ...) is called with these two ``what``.
-TEMPLATES: dict[str, frozenset[str]] = {
-    "{what}-unreadable": frozenset({"body-file-unreadable", "records-file-unreadable"}),
-}
+# Codes built from a template: every value each template can take.  None is left in the package (a
+# template hides its codes from the catalogue); the scanner still reads them, for the probe below.
+TEMPLATES: dict[str, frozenset[str]] = {}
 CODE_SHAPE = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*\Z")
 
 
@@ -199,6 +198,17 @@ def test_every_code_used_is_in_the_catalogue():
         assert values <= set(codes.CATALOGUE), pattern
 
 
+def literal_sites(uses: Uses) -> dict[str, list[str]]:
+    """The codes given as a string literal or an f-string (by value or pattern), with where."""
+    return {**uses.literals, **uses.templates}
+
+
+def test_no_code_is_a_literal():
+    """Raise and warning sites give the catalogue's constant (``codes.X``), never ``"x"`` or ``f"..."``."""
+    literal = literal_sites(scan())
+    assert literal == {}, "give these codes as nubos_memory/codes.py constants (codes.X)"
+
+
 def test_every_catalogue_code_is_used():
     unused = set(codes.CATALOGUE) - scan().codes()
     assert unused == set(), "declared in codes.py but emitted nowhere: remove them, or use them"
@@ -248,6 +258,21 @@ x = LOCK_TIMEOUT, codes.NO_SUCH_CODE
     assert set(uses.constants) == {"LOCK_TIMEOUT", "STORE_ERROR", "INDEX_BUSY", "NO_SUCH_CODE"}
     assert set(uses.templates) == {"record-{field}-odd"}
     assert uses.codes() == set(uses.literals) | {"lock-timeout", "store-error", "index-busy"}
+    # the probe's literal and template sites are what test_no_code_is_a_literal fails on
+    assert set(literal_sites(uses)) == set(uses.literals) | {"record-{field}-odd"}
+    assert literal_sites(uses)["made-up-code"] == ["probe.py:4"]
+
+
+def test_a_module_of_constants_only_has_no_literal_site():
+    probe = '''
+from . import codes
+raise InputError("x", code=codes.RECORD_NOT_FOUND)
+warnings.append({"code": codes.INDEX_BEHIND, "message": "m"})
+raise InputError("y", code=UNREADABLE[what])
+'''
+    uses = scan_source(probe, "probe.py")
+    assert literal_sites(uses) == {}
+    assert set(uses.constants) == {"RECORD_NOT_FOUND", "INDEX_BEHIND"}
 
 
 # -- (b) every code is documented with its meaning --------------------------------------------------------

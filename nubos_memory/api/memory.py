@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
-from .. import trust, userdirs
+from .. import codes, trust, userdirs
 from ..config import Project, load_project, read_config_file, validate_section
 from ..embed import Embedder, make_embedder
 from ..errors import DisabledError, InputError, NubosMemoryError, StoreError, UsageError
@@ -91,7 +91,7 @@ def _check_ids(ids: list[Any]) -> None:
     """Refuse anything that is not a record id, echoing at most a bounded part of it."""
     bad = [str(i)[:MAX_ECHO] for i in ids if not valid_id(i)]
     if bad:
-        raise InputError(f"not a record id: {bad[0]!r}", code="record-invalid-id", details={"ids": bad[:20]})
+        raise InputError(f"not a record id: {bad[0]!r}", code=codes.RECORD_INVALID_ID, details={"ids": bad[:20]})
 
 
 def _check_retirement(ids: list[str], reason: Any, verb: str) -> None:
@@ -100,7 +100,7 @@ def _check_retirement(ids: list[str], reason: Any, verb: str) -> None:
         raise UsageError(f"give at least one record id to {verb}")
     _check_ids(ids)
     if not one_line(reason, MAX_REASON):
-        raise InputError(f"a reason is 1-{MAX_REASON} characters on one line", code="forget-invalid-reason",
+        raise InputError(f"a reason is 1-{MAX_REASON} characters on one line", code=codes.FORGET_INVALID_REASON,
                          details={"length": len(reason) if isinstance(reason, str) else None})
 
 
@@ -266,7 +266,7 @@ class Memory:
             scan, _ = settled_scan(self.snap, self.store)
             unknown = sorted(rid for rid in wanted if rid not in scan.position and rid not in scan.redacted)
             if unknown:
-                raise InputError(f"no record has the id {unknown[0]!r}; nothing was redacted", code="record-not-found",
+                raise InputError(f"no record has the id {unknown[0]!r}; nothing was redacted", code=codes.RECORD_NOT_FOUND,
                                  details={"ids": unknown[:50], "written": 0})
             keys = [content_hash(embed_text(r)) for r in scan.records if r["id"] in wanted]
             done = self.store.redact(wanted, reason, keys)
@@ -286,7 +286,7 @@ class Memory:
         if not isinstance(ids, list) or not ids:
             raise UsageError("give at least one record id")
         if len(ids) > MAX_GET:
-            raise InputError(f"at most {MAX_GET} ids at once", code="get-too-many", details={"count": len(ids)})
+            raise InputError(f"at most {MAX_GET} ids at once", code=codes.GET_TOO_MANY, details={"count": len(ids)})
         _check_ids(ids)
         scan = self.scan()
         found: list[GotRecord] = []
@@ -305,15 +305,15 @@ class Memory:
             retired = None if info is None else {k: info[k] for k in ("reason", "at", "by") if info.get(k) is not None}
             found.append({"id": rid, "live": info is None, "retired": retired, "record": scan.records[pos]})
         if not found:
-            raise InputError(f"no record has the id {missing[0]!r}", code="record-not-found",
+            raise InputError(f"no record has the id {missing[0]!r}", code=codes.RECORD_NOT_FOUND,
                              details={"ids": missing[:50]})
         out: GetResult = {"records": found, "missing": missing, "warnings": scan.warnings()}
         if missing:
-            out["warnings"].append({"code": "record-not-found", "message": f"{len(missing)} id(s) name no record",
+            out["warnings"].append({"code": codes.RECORD_NOT_FOUND, "message": f"{len(missing)} id(s) name no record",
                                     "ids": missing[:50]})
         live = [r["id"] for r in found if r["live"]]
         if track and live and not self.store.usage.record(live):
-            out["warnings"].append({"code": "usage-not-recorded",
+            out["warnings"].append({"code": codes.USAGE_NOT_RECORDED,
                                     "message": "could not record these records as retrieved"})
         return out
 
@@ -352,9 +352,9 @@ class Memory:
         if text is None:
             raise UsageError("query text is required (--text or positional)")
         if not isinstance(text, str) or not text.strip():
-            raise InputError("query text is empty", code="memory-empty-query")
+            raise InputError("query text is empty", code=codes.MEMORY_EMPTY_QUERY)
         if len(text) > MAX_QUERY_CHARS:
-            raise InputError(f"query text is longer than {MAX_QUERY_CHARS} characters", code="query-too-long",
+            raise InputError(f"query text is longer than {MAX_QUERY_CHARS} characters", code=codes.QUERY_TOO_LONG,
                              details={"length": len(text), "limit": MAX_QUERY_CHARS})
         alpha = self.config.alpha if alpha is None else alpha
         fusion = fusion or self.config.fusion
@@ -368,7 +368,7 @@ class Memory:
         if max_tokens is not None:
             result["hits"], result["budget"] = fit_budget(result["hits"], max_tokens)
         if track and result["hits"] and not self.store.usage.record([h["id"] for h in result["hits"]]):
-            result["warnings"].append({"code": "usage-not-recorded",
+            result["warnings"].append({"code": codes.USAGE_NOT_RECORDED,
                                        "message": "could not record this query's hits as retrieved; "
                                                   "retrievals are not counted"})
         return result
@@ -382,9 +382,9 @@ class Memory:
                 allowed += sorted(set(self.snap.types) - set(allowed))  # types a changed config dropped
             if not isinstance(type_, str) or type_ not in allowed:
                 raise InputError(f"unknown record type {str(type_)[:MAX_ECHO]!r}; the types are {allowed}",
-                                 code="query-invalid-type", details={"type": str(type_)[:MAX_ECHO], "allowed": allowed})
+                                 code=codes.QUERY_INVALID_TYPE, details={"type": str(type_)[:MAX_ECHO], "allowed": allowed})
         if phase is not None and not one_line(phase, MAX_PHASE):
-            raise InputError(f"a phase filter is 1-{MAX_PHASE} characters on one line", code="query-invalid-phase",
+            raise InputError(f"a phase filter is 1-{MAX_PHASE} characters on one line", code=codes.QUERY_INVALID_PHASE,
                              details={"phase": str(phase)[:MAX_ECHO]})
         check(QUERY_PARAMS["tags"], tags)
 
@@ -450,7 +450,7 @@ class Memory:
                                "tracked_since": epoch_to_iso(since), "warnings": scan.warnings()}
         if since is None or since > cutoff:
             out["warnings"].append({
-                "code": "usage-history-too-short",
+                "code": codes.USAGE_HISTORY_TOO_SHORT,
                 "message": "usage has been tracked for less than the window, so no record is known to be unused "
                            "for that long; nothing was retired",
             })
@@ -495,11 +495,11 @@ class Memory:
             if unknown:
                 hint = "" if prune_missing else "; to retire the chunks of a removed file, add --prune-missing"
                 raise InputError(f"{unknown[0]!r} does not exist{hint}; nothing was ingested",
-                                 code="ingest-path-missing", details={"paths": unknown[:50], "written": 0})
+                                 code=codes.INGEST_PATH_MISSING, details={"paths": unknown[:50], "written": 0})
             docs.prefixes += docs.missing  # removed files whose chunks are to be retired
         if docs.failed and not docs.desired:
             first = docs.failed[0]
-            raise InputError(f"no file could be ingested: {first['message']}", code="ingest-files-failed",
+            raise InputError(f"no file could be ingested: {first['message']}", code=codes.INGEST_FILES_FAILED,
                              details={"failed": docs.failed[:50], "written": 0})
         add, retire, report = plan(scan, docs, root, prune_missing=prune_missing)
         out: dict[str, Any] = {**report, "added": 0, "retired": 0, "embedded": 0, "skipped": docs.skipped,
@@ -510,7 +510,7 @@ class Memory:
             out.update(added=written["added"], retired=len(written["forgotten"]), embedded=written["embedded"],
                        degraded=written["degraded"], warnings=written["warnings"])
         if docs.failed:
-            out["warnings"].append({"code": "ingest-files-failed",
+            out["warnings"].append({"code": codes.INGEST_FILES_FAILED,
                                     "message": f"{len(docs.failed)} file(s) could not be ingested and were passed "
                                                "over (see failed); the others were ingested"})
         return cast("IngestResult", out)  # the plan's counts (files, new, changed, ...) lead
@@ -522,13 +522,13 @@ class Memory:
         self.require_enabled()
         target = Path(path)
         if self.store.owns(target):
-            raise InputError("memory-export would overwrite the memory's own log", code="export-target-is-log",
+            raise InputError("memory-export would overwrite the memory's own log", code=codes.EXPORT_TARGET_IS_LOG,
                              details={"path": str(path)[:MAX_ECHO]})
         lines = list(self.store.export_lines())
         try:
             atomic_write_bytes(target, b"".join(lines))
         except OSError as exc:
-            raise InputError(f"cannot write {str(path)[:MAX_ECHO]!r}: {exc.strerror}", code="export-unwritable",
+            raise InputError(f"cannot write {str(path)[:MAX_ECHO]!r}: {exc.strerror}", code=codes.EXPORT_UNWRITABLE,
                              details={"path": str(path)[:MAX_ECHO]}) from None
         scan = self.scan()
         return {"exported": str(target), "lines": len(lines), "records": len(scan.records), "live": scan.live_count,
@@ -545,12 +545,12 @@ class Memory:
         self.require_enabled()
         source = Path(path)
         if not source.is_file():
-            raise InputError(f"no such records file: {str(path)[:MAX_ECHO]!r}", code="records-file-unreadable",
+            raise InputError(f"no such records file: {str(path)[:MAX_ECHO]!r}", code=codes.RECORDS_FILE_UNREADABLE,
                              details={"path": str(path)[:MAX_ECHO]})
         try:
             theirs = read(read_regular(source))
         except OSError as exc:
-            raise StoreError(f"cannot read {source.name}: {exc.strerror}", code="records-unreadable",
+            raise StoreError(f"cannot read {source.name}: {exc.strerror}", code=codes.RECORDS_UNREADABLE,
                              details={"path": str(source)}) from None
         events = history(theirs)
         out = self.writes.replay(events, verb="memory-import", progress=stage(progress, "embedding"))
@@ -562,7 +562,7 @@ class Memory:
         store = self.store
         if getattr(store, "namespaces", None) is None:
             raise InputError(f"{verb} is for a team memory (memory.backend postgres); this memory lives in "
-                             f"{self.project.memory_dir}", code="store-not-team", details={"backend": store.kind})
+                             f"{self.project.memory_dir}", code=codes.STORE_NOT_TEAM, details={"backend": store.kind})
         return store
 
     @_answer
@@ -581,15 +581,15 @@ class Memory:
         self.require_enabled()
         store = self._team("memory-drop-namespace")
         if not isinstance(name, str) or not NAMESPACE_PATTERN.fullmatch(name):
-            raise InputError("a namespace is 1-128 letters, digits, '.', '_' or '-'", code="namespace-invalid",
+            raise InputError("a namespace is 1-128 letters, digits, '.', '_' or '-'", code=codes.NAMESPACE_INVALID,
                              details={"namespace": str(name)[:MAX_ECHO]})
         known = {n["namespace"] for n in store.namespaces()}
         if name not in known:
-            raise InputError(f"the team database has no namespace {name!r}", code="namespace-not-found",
+            raise InputError(f"the team database has no namespace {name!r}", code=codes.NAMESPACE_NOT_FOUND,
                              details={"namespace": name, "namespaces": sorted(known)[:50]})
         if not yes:
             raise UsageError(f"dropping namespace {name!r} deletes its whole memory for every machine; repeat with "
-                             "--yes to do it", code="confirmation-required", details={"namespace": name})
+                             "--yes to do it", code=codes.CONFIRMATION_REQUIRED, details={"namespace": name})
         return dict(store.drop_namespace(name))  # one transaction: a writer of it meanwhile starts it afresh
 
     @_answer

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from .. import codes
 from ..embed.base import fingerprint_of
 from ..errors import EmbeddingError, RebuildRequired, StoreError
 from ..index.vectors import HnswParams, usable
@@ -174,7 +175,7 @@ class VectorSync:
         except OSError as exc:  # disk full, permissions: the records are safe, the index is behind
             state.degraded = StoreError(
                 f"could not write the derived index: {exc.strerror or exc}; records are saved and will be "
-                "indexed by the next write, query or memory-rebuild", code="index-write-failed").to_dict()
+                "indexed by the next write, query or memory-rebuild", code=codes.INDEX_WRITE_FAILED).to_dict()
         return state
 
     def _shared_for(self, positions: list[int]) -> dict[int, np.ndarray]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from .. import codes
 from ..errors import EmbeddingError, InputError, RebuildRequired, StoreError
 from ..faults import crash_point
 from ..log import LogScan, forget_op
@@ -116,7 +117,7 @@ class WritePath:
                 old = r.get("supersedes")
                 if old is not None and scan.live(old) is None and old not in batch_ids:
                     raise InputError(f"record {i} supersedes {old!r}, which is not a live record; nothing was written",
-                                     code="record-supersedes-unknown",
+                                     code=codes.RECORD_SUPERSEDES_UNKNOWN,
                                      details={"index": i, "id": r["id"], "supersedes": old, "written": 0})
                 batch_ids.add(r["id"])
                 new.append(r)
@@ -285,7 +286,7 @@ class WritePath:
         unknown = [rid for rid in forget if rid not in scan.position]
         if unknown:
             raise InputError(f"no record has the id {unknown[0]!r}; nothing was forgotten",
-                             code="record-not-found", details={"ids": unknown[:50], "written": 0})
+                             code=codes.RECORD_NOT_FOUND, details={"ids": unknown[:50], "written": 0})
         for rid in forget:
             if scan.live(rid) is None:
                 already.append(rid)

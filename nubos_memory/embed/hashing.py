@@ -12,6 +12,7 @@ import hashlib
 
 import numpy as np
 
+from .. import codes
 from ..errors import EmbeddingError
 from ..tokenize import tokenize
 from .base import Embedder
@@ -30,7 +31,7 @@ class HashEmbedder(Embedder):
             self._dim = 256
         if not 8 <= self._dim <= 4096:
             raise EmbeddingError(f"hash embedder dimension must be 8..4096, got {model_id!r}",
-                                 code="embedding-unavailable", details={"model": model_id})
+                                 code=codes.EMBEDDING_UNAVAILABLE, details={"model": model_id})
 
     @property
     def dim(self) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import codes
 from ..errors import EmbeddingError
 from ..limits import DEFAULT_MODEL
 from ..userdirs import DOWNLOADS_ENV, allow_downloads
@@ -202,7 +203,7 @@ class ModelEmbedder(Embedder):
                 f"embedding model {self.model_id!r} is not on this machine, and downloads are off: a project's "
                 f"config never makes this machine fetch a model. To allow it, set {DOWNLOADS_ENV}=1 or "
                 '"allow_downloads": true in ~/.config/nubos-memory/settings.json, or use a local model folder.',
-                code="embedding-unavailable", details={"model": self.model_id, "downloads": False})
+                code=codes.EMBEDDING_UNAVAILABLE, details={"model": self.model_id, "downloads": False})
         self._digest = None  # hash the files as they are now, when they are read
         self.files_digest()
         runtime = self._make_runtime(folder, downloads)
@@ -213,7 +214,7 @@ class ModelEmbedder(Embedder):
             raise
         if self._dim is None and self.known_dim() not in (None, runtime.dim):
             raise EmbeddingError(f"model {self.model_id!r} has dimension {runtime.dim}, expected {self.known_dim()}",
-                                 code="embedding-unavailable", details={"model": self.model_id})
+                                 code=codes.EMBEDDING_UNAVAILABLE, details={"model": self.model_id})
         self._dim = runtime.dim
         self._runtime = runtime
         return runtime
@@ -268,5 +269,5 @@ class ModelEmbedder(Embedder):
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of the model: embedding-failed
             raise EmbeddingError(f"embedding failed: {type(exc).__name__}: {exc}"[:500],
-                                 code="embedding-failed", details={"model": self.model_id}) from None
+                                 code=codes.EMBEDDING_FAILED, details={"model": self.model_id}) from None
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import codes
 from ..errors import EmbeddingError
 from .chunking import word_starts
 
@@ -105,7 +106,7 @@ class TorchRuntime:
         except Exception as exc:  # noqa: BLE001 - any failure to load means: no vector layer
             raise EmbeddingError(
                 f"cannot load embedding model {self.location!r}: {type(exc).__name__}: {exc}"[:500],
-                code="embedding-unavailable", details={"location": self.location, "runtime": self.name},
+                code=codes.EMBEDDING_UNAVAILABLE, details={"location": self.location, "runtime": self.name},
             ) from None
         one_blas_thread()
         getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import codes
 from ..embed.base import Embedder
 from ..errors import InputError
 from ..fsio import dumps
@@ -151,10 +152,10 @@ def evaluate(source_config: dict[str, Any], folders: Path | list[Path], *, split
     from ..limits import MAX_K
 
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
-        raise InputError(f"k must be an integer in 1..{MAX_K}", code="query-invalid-k", details={"k": k})
+        raise InputError(f"k must be an integer in 1..{MAX_K}", code=codes.QUERY_INVALID_K, details={"k": k})
     paths = [folders] if isinstance(folders, Path) else list(folders)
     if not paths:
-        raise InputError("give at least one BEIR folder", code="beir-invalid")
+        raise InputError("give at least one BEIR folder", code=codes.BEIR_INVALID)
     runs = [evaluate_one(source_config, p, split=split, modes=modes, k=k, alpha=alpha, max_queries=max_queries,
                          embedder=embedder, cache=cache, ignore_identical_ids=ignore_identical_ids,
                          progress=progress) for p in paths]

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import codes
 from ..errors import DisabledError, UsageError, failure
 from ..fsio import dumps, printable
 from ..limits import PROGRESS_MODES
@@ -143,7 +144,7 @@ def check_arguments(argv: Sequence[str]) -> None:
     surrogates, which would fail later, far from their cause)."""
     for number, arg in enumerate(argv, start=1):
         if printable(arg) != arg:
-            raise UsageError(f"argument {number} is not valid UTF-8 text", code="argument-invalid-utf8",
+            raise UsageError(f"argument {number} is not valid UTF-8 text", code=codes.ARGUMENT_INVALID_UTF8,
                              details={"argument": number, "text": printable(arg)[:200]})
 
 

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Annotated, Any, BinaryIO, Literal
 
 from pydantic import Field
 
+from .. import codes
 from ..errors import UsageError
 from ..fsio import dumps
 from ..limits import MAX_ECHO
@@ -303,12 +304,12 @@ def build_server(root: str | None) -> tuple[Any, "WarmMemory"]:
                 self.schemas.update({t.name: t.input_schema for t in await super().list_tools()})
             schema = self.schemas.get(name)
             if schema is None:
-                return usage_error(f"no tool named {name[:MAX_ECHO]!r}", "tool-unknown",
+                return usage_error(f"no tool named {name[:MAX_ECHO]!r}", codes.TOOL_UNKNOWN,
                                    {"tools": sorted(self.schemas)})
             allowed = sorted(schema.get("properties") or {})
             unknown = [str(k)[:MAX_ECHO] for k in arguments if k not in allowed]
             if unknown:
-                return usage_error(f"{name} takes no argument {unknown[0]!r}", "argument-unknown",
+                return usage_error(f"{name} takes no argument {unknown[0]!r}", codes.ARGUMENT_UNKNOWN,
                                    {"tool": name, "unknown": unknown[:20], "allowed": allowed})
             try:
                 return await super().call_tool(name, arguments, context)
@@ -319,7 +320,7 @@ def build_server(root: str | None) -> tuple[Any, "WarmMemory"]:
                 problems = [{"field": ".".join(str(p) for p in err["loc"]) or name, "problem": problem(err)}
                             for err in cause.errors(include_input=False, include_url=False)]
                 first = problems[0]
-                return usage_error(f"{name}: {first['field']}: {first['problem']}", "argument-invalid",
+                return usage_error(f"{name}: {first['field']}: {first['problem']}", codes.ARGUMENT_INVALID,
                                    {"tool": name, "errors": problems[:20], "allowed": allowed})
 
     server = MemoryMCP("nubos-memory", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
@@ -539,14 +540,14 @@ def refuse(line: bytes, allowed: Callable[[str], list[str] | None]) -> "JSONRPCM
         names = allowed(params["name"])
         if names is not None:
             details["allowed"] = names
-        result = usage_error(f"{name}: {errors[0]['field']}: {errors[0]['problem']}", "argument-invalid", details)
+        result = usage_error(f"{name}: {errors[0]['field']}: {errors[0]['problem']}", codes.ARGUMENT_INVALID, details)
         return JSONRPCResponse(jsonrpc="2.0", id=rid,
                                result=result.model_dump(by_alias=True, mode="json", exclude_none=True))
     if found:
         errors = reported([(field(path), problem) for path, problem in found])
         message = f"{errors[0]['field']}: {errors[0]['problem']}"
         if all(path[:1] == ("params",) for path, _ in found):
-            envelope = {"error": UsageError(message, code="argument-invalid", details={"errors": errors}).to_dict()}
+            envelope = {"error": UsageError(message, code=codes.ARGUMENT_INVALID, details={"errors": errors}).to_dict()}
             return rpc_error(rid, INVALID_PARAMS, f"Invalid params: {message}", envelope)
         return rpc_error(rid, INVALID_REQUEST, f"Invalid Request: {message}")
     try:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import codes
 from .. import params as P
 from ..errors import DisabledError, InputError, UsageError, failure
 from ..limits import FORMAT_ALIASES, MAX_BODY
@@ -72,6 +73,10 @@ def tags(value: Any) -> list[str]:
     return [t.strip() for t in value.split(",") if t.strip()] if value else []
 
 
+# The code a file the user named gives when it cannot be read, by what the file is.
+UNREADABLE = {"body-file": codes.BODY_FILE_UNREADABLE, "records-file": codes.RECORDS_FILE_UNREADABLE}
+
+
 def read_file(path: str, what: str, limit: int) -> bytes:
     """At most ``limit + 1`` bytes of a file the user named; never reads without end."""
     try:
@@ -79,7 +84,7 @@ def read_file(path: str, what: str, limit: int) -> bytes:
             return f.read(limit + 1)
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise InputError(f"cannot read {what} {path!r}: {why}", code=f"{what}-unreadable",
+        raise InputError(f"cannot read {what} {path!r}: {why}", code=UNREADABLE[what],
                          details={"path": path}) from None
 
 
@@ -88,7 +93,7 @@ def read_text_file(path: str, what: str, limit: int) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise InputError(f"{what} {path!r} is not UTF-8 text", code=f"{what}-unreadable",
+        raise InputError(f"{what} {path!r} is not UTF-8 text", code=UNREADABLE[what],
                          details={"path": path}) from None
 
 
@@ -98,11 +103,11 @@ def read_stdin() -> str | None:
         return None
     raw = sys.stdin.buffer.read(MAX_STDIN + 1)
     if len(raw) > MAX_STDIN:
-        raise InputError("standard input is larger than 256 MiB", code="stdin-too-large")
+        raise InputError("standard input is larger than 256 MiB", code=codes.STDIN_TOO_LARGE)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise InputError("standard input is not UTF-8 text", code="stdin-unreadable") from None
+        raise InputError("standard input is not UTF-8 text", code=codes.STDIN_UNREADABLE) from None
 
 
 def prepare(name: str, request: Request) -> None:
@@ -324,7 +329,7 @@ def _eval(ctx: Context, request: Request) -> Any:
             Path(request["report"]).write_text(markdown_report(result, request.get("k", 10)))
         except OSError as exc:
             raise InputError(f"cannot write the report {request['report']!r}: {exc.strerror}",
-                             code="report-unwritable", details={"path": request["report"]}) from None
+                             code=codes.REPORT_UNWRITABLE, details={"path": request["report"]}) from None
         result["report"] = request["report"]
     return result
 

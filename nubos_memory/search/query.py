@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from .. import codes
 from ..errors import EmbeddingError, StoreError
 from ..records import iso_to_epoch
 from ..tokenize import tokenize
@@ -96,7 +97,7 @@ def _filtered(snap: Snapshot, scan: LogScan, req: Request, terms: list[str],
     warning on the answer where one helps) when there is nothing to rank."""
     if not scan.records or not terms:
         if scan.records and not terms:
-            out["warnings"].append({"code": "query-no-terms",
+            out["warnings"].append({"code": codes.QUERY_NO_TERMS,
                                     "message": "the query has only stop words or punctuation"})
         return None  # an empty store or a term-less query never loads the model
     allowed = snap.allowed(req.type, req.phase, req.tags, phase_exact=req.phase_exact)
@@ -105,7 +106,7 @@ def _filtered(snap: Snapshot, scan: LogScan, req: Request, terms: list[str],
         allowed = positions = _created_since(scan, positions, req.since)
     if len(positions) == 0:
         if scan.live_count:
-            out["warnings"].append({"code": "filters-match-nothing",
+            out["warnings"].append({"code": codes.FILTERS_MATCH_NOTHING,
                                     "message": "no live record passes the filters (type, phase, tags); "
                                                "drop or widen them", "filters": out["query"]["filters"]})
         return None
@@ -164,7 +165,7 @@ def _note_vectors(out: QueryResult, state: VectorState, pending: int) -> None:
     out["warnings"] += state.notes()
     if pending:
         out["warnings"].append({
-            "code": "index-behind",
+            "code": codes.INDEX_BEHIND,
             "message": f"{pending} record(s) have no vector yet and were ranked lexically; "
                        "they are embedded in the background or by later writes, or run memory-rebuild",
         })

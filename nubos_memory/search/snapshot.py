@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import codes
 from ..errors import StoreError
 from ..index.lexical import PostingsBM25
 from ..index.vectors import VectorIndex
@@ -46,7 +47,7 @@ class VectorState:
         """Warnings this operation's vector work is worth: vectors the model gave that were refused."""
         if not self.invalid:
             return []
-        return [{"code": "embedding-invalid", "count": self.invalid,
+        return [{"code": codes.EMBEDDING_INVALID, "count": self.invalid,
                  "message": f"the model gave {self.invalid} non-finite or zero vector(s); they were not stored, "
                             "and those records are ranked by their keywords until a working model embeds them "
                             "(memory-stats.runtime; memory-rebuild --reembed after fixing it)"}]
@@ -226,7 +227,7 @@ class Snapshot:
             manifest = self.store.read_manifest()
             self.unsigned = False
         except StoreError as exc:
-            if exc.code != "signing-key-unavailable":
+            if exc.code != codes.SIGNING_KEY_UNAVAILABLE:
                 raise
             manifest, self.unsigned = None, True  # fail closed: as if nothing were derived (trust.py)
         key = None if manifest is None else manifest.get("generation")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import codes
 from ..errors import EmbeddingError
 from ..index import vectors as vector_index
 from .fusion import zscore_stats
@@ -77,7 +78,7 @@ def query_vector(embedder: Embedder, text: str) -> np.ndarray:
     q: np.ndarray = embedder.embed([text])[0]
     if not vector_index.usable(q[None, :])[0]:
         raise EmbeddingError("the model gave a non-finite or zero vector for the query; it is answered by keywords "
-                             "(memory-stats.runtime says what embeds)", code="embedding-invalid")
+                             "(memory-stats.runtime says what embeds)", code=codes.EMBEDDING_INVALID)
     return q
 
 

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import codes
 from ..errors import StoreError
 from ..faults import crash_point
 from ..fsio import atomic_write_bytes, dumps, ensure_dir, read_regular
@@ -61,11 +62,11 @@ def folder_notices(folder: Path) -> list[dict[str, Any]]:
         return []
     out = []
     if st.st_uid != os.getuid():
-        out.append({"code": "memory-folder-not-owned",
+        out.append({"code": codes.MEMORY_FOLDER_NOT_OWNED,
                     "message": f"the memory folder belongs to uid {st.st_uid}, not to this user; its owner can "
                                "change every file in it"})
     if st.st_mode & 0o022:
-        out.append({"code": "memory-folder-writable",
+        out.append({"code": codes.MEMORY_FOLDER_WRITABLE,
                     "message": f"the memory folder is writable by group or others (mode {st.st_mode & 0o777:o}): "
                                "another user could replace its files or put a server in it; memory-serve is not "
                                f"used. Fix: chmod 700 {folder}"})
@@ -112,7 +113,7 @@ class FileStore(LocalDerivedState):
             if stat.S_ISLNK(st.st_mode):
                 raise StoreError(f"{path.relative_to(root)} is a symlink; memory files are never followed "
                                  "through links (an untrusted clone could point them anywhere)",
-                                 code="store-symlink-refused", details={"path": str(path)})
+                                 code=codes.STORE_SYMLINK_REFUSED, details={"path": str(path)})
             seen.append((st.st_ino, st.st_dev, st.st_mode, st.st_uid))
         signature = tuple(seen)
         if signature == self._checked:  # nothing on the way changed since the last check
@@ -121,7 +122,7 @@ class FileStore(LocalDerivedState):
             try:
                 self.folder.resolve().relative_to(root.resolve())
             except ValueError:
-                raise StoreError("the memory folder resolves outside the project", code="store-symlink-refused",
+                raise StoreError("the memory folder resolves outside the project", code=codes.STORE_SYMLINK_REFUSED,
                                  details={"path": str(self.folder)}) from None
         self._notices = folder_notices(self.folder)
         self._checked = signature

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import codes
 from ..config import dsn_env_name
 from ..errors import ConfigError, LockTimeout, StoreError
 from ..fsio import dumps, ensure_dir
@@ -138,7 +139,7 @@ def where(dsn: str) -> dict[str, Any]:
         info = conninfo_to_dict(dsn)
     except Exception:  # noqa: BLE001 - its message quotes the DSN: never shown
         raise ConfigError("the team database's connection string is malformed (it is not quoted here: it may hold "
-                          "a password); check the variable that holds it", code="store-dsn-invalid",
+                          "a password); check the variable that holds it", code=codes.STORE_DSN_INVALID,
                           details={"env": dsn_env_name()}) from None
     port = info.get("port")
     return {"host": info.get("host") or "localhost",
@@ -197,12 +198,12 @@ class PgStore(LocalDerivedState):
         if not dsn.strip():
             raise ConfigError(f"memory.backend is postgres but ${self.env} is not set; put the connection "
                               "string in the environment (never in config.json, which is committed)",
-                              code="store-dsn-missing", details={"env": self.env})
+                              code=codes.STORE_DSN_MISSING, details={"env": self.env})
         if not settings.namespace:
             raise ConfigError('memory.backend is postgres but memory.postgres.namespace is not set: name the team '
                               'memory explicitly (e.g. {"postgres": {"namespace": "acme-billing"}}), so that every '
                               "clone of every machine agrees and no two projects share one by accident",
-                              code="store-namespace-missing", details={"key": "memory.postgres.namespace"})
+                              code=codes.STORE_NAMESPACE_MISSING, details={"key": "memory.postgres.namespace"})
         self.dsn = dsn
         self.place = where(dsn)
         self.namespace = settings.namespace
@@ -214,7 +215,7 @@ class PgStore(LocalDerivedState):
         if cache is None:
             raise StoreError("team memory keeps this machine's derived files in the user's cache folder, and no "
                              "safe one can be used (HOME unset or read-only, and the fallback refused); set "
-                             "NUBOS_MEMORY_CACHE to a folder only you can write", code="store-cache-unavailable")
+                             "NUBOS_MEMORY_CACHE to a folder only you can write", code=codes.STORE_CACHE_UNAVAILABLE)
         self.folder = cache / "postgres" / f"{self.namespace[:40]}-{key}"
         self.cache = DerivedCache(self.folder, graph=False)  # candidates come from pgvector
         self.lexcache = LexicalCache(self.folder, self._digest)
@@ -264,8 +265,8 @@ class PgStore(LocalDerivedState):
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
             return StoreError(f"this role may not do that in the memory database at {host}: {why}. The README's "
                               "Team memory section lists the GRANTs of the owner, writer and reader roles",
-                              code="store-permission-denied", details=details)
-        return StoreError(f"the memory database at {host} is unavailable: {why}", code="store-unavailable",
+                              code=codes.STORE_PERMISSION_DENIED, details=details)
+        return StoreError(f"the memory database at {host} is unavailable: {why}", code=codes.STORE_UNAVAILABLE,
                           details=details)
 
     def _drop(self) -> None:
@@ -318,7 +319,7 @@ class PgStore(LocalDerivedState):
             if version > SCHEMA_VERSION:
                 raise StoreError(f"the memory database's tables are of schema version {version}, newer than this "
                                  f"nubos-memory knows ({SCHEMA_VERSION}); upgrade nubos-memory",
-                                 code="store-schema-newer", details={"found": version, "known": SCHEMA_VERSION})
+                                 code=codes.STORE_SCHEMA_NEWER, details={"found": version, "known": SCHEMA_VERSION})
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key("nubos-memory-schema"),))
             version = self._schema_version(conn)  # another session may have migrated meanwhile
             if version < 1:
@@ -334,7 +335,7 @@ class PgStore(LocalDerivedState):
                 raise StoreError(f"the memory database's tables are at schema version {version} and this role may "
                                  f"not bring them to {SCHEMA_VERSION} ({self._scrub(str(exc).splitlines()[0])[:200]}); "
                                  "run any nubos-memory verb once as the role that owns them (the README's owner role)",
-                                 code="store-schema-outdated", details={"found": version, "known": SCHEMA_VERSION,
+                                 code=codes.STORE_SCHEMA_OUTDATED, details={"found": version, "known": SCHEMA_VERSION,
                                                                         **self.place}) from None
 
     @staticmethod
@@ -358,7 +359,7 @@ class PgStore(LocalDerivedState):
             raise StoreError(f"the PostgreSQL server at {self.place['host']} has no pgvector package installed; its "
                              "administrator installs it (e.g. the postgresql-16-pgvector package), then a superuser "
                              "runs CREATE EXTENSION vector in the database once",
-                             code="store-pgvector-missing", details={**self.place, "who": "server administrator"})
+                             code=codes.STORE_PGVECTOR_MISSING, details={**self.place, "who": "server administrator"})
         try:
             with conn.transaction():  # a savepoint: the error below is ours, not an aborted transaction
                 conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
@@ -366,7 +367,7 @@ class PgStore(LocalDerivedState):
             why = self._scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
             raise StoreError(f"pgvector is installed on the server at {self.place['host']} but not created in this "
                              f"database, and this role may not create it ({why[:200]}); a superuser runs "
-                             "CREATE EXTENSION vector in the database once", code="store-pgvector-missing",
+                             "CREATE EXTENSION vector in the database once", code=codes.STORE_PGVECTOR_MISSING,
                              details={**self.place, "namespace": self.namespace, "who": "superuser"}) from None
 
     def _ensure_namespace(self, conn: Any) -> None:
@@ -412,7 +413,7 @@ class PgStore(LocalDerivedState):
         if not found:  # no write ever reached this namespace: a typo in memory.postgres.namespace?
             if self.namespace_existed is None:
                 self.namespace_existed = False
-            note = {"code": "namespace-empty", "namespace": self.namespace,
+            note = {"code": codes.NAMESPACE_EMPTY, "namespace": self.namespace,
                     "message": f"no write has ever reached namespace {self.namespace!r} of the memory database at "
                                f"{self.place['host']}; if you expected a team memory here, check "
                                "memory.postgres.namespace (memory-namespaces lists them)"}
@@ -669,7 +670,7 @@ class PgStore(LocalDerivedState):
         if lost:
             raise StoreError(f"this writer lost the write lock of namespace {self.namespace!r} (its session was "
                              f"idle longer than memory.postgres.lock_hold_s = {self.lock_hold_s:g}s: a paused "
-                             "process?); nothing was written, try again", code="store-lock-lost",
+                             "process?); nothing was written, try again", code=codes.STORE_LOCK_LOST,
                              details={"namespace": self.namespace, **self.place})
 
     @contextmanager
@@ -749,7 +750,7 @@ class PgStore(LocalDerivedState):
                                  "AND NOT (key = ANY(%s))", (self.namespace, fingerprint, list(set(hashes))))
             covered = True
         except StoreError as exc:
-            if exc.code != "store-permission-denied":
+            if exc.code != codes.STORE_PERMISSION_DENIED:
                 raise
             covered = False  # a reader role: this machine's generation serves it, nothing is shared
         from ..index import vectors as vector_index
@@ -1109,7 +1110,7 @@ def _register_vector(conn: Any) -> None:
 
     info = TypeInfo.fetch(conn, "vector")
     if info is None:
-        raise StoreError("pgvector's type is missing from the memory database", code="store-pgvector-missing")
+        raise StoreError("pgvector's type is missing from the memory database", code=codes.STORE_PGVECTOR_MISSING)
 
     class VectorDumper(Dumper):
         format = Format.BINARY

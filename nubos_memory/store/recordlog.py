@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import codes
 from ..errors import StoreError
 from ..faults import armed, crash_point
 from ..fsio import FILE_MODE, JSONDecodeError, dumps, fsync_dir, loads, open_regular
@@ -54,7 +55,7 @@ class RecordLog:
         except FileNotFoundError:
             return LogScan(generation=(scan.generation + 1) if scan and scan.records else 0)
         except OSError as exc:
-            raise StoreError(f"cannot read {self.path.name}: {exc.strerror}", code="records-unreadable",
+            raise StoreError(f"cannot read {self.path.name}: {exc.strerror}", code=codes.RECORDS_UNREADABLE,
                              details={"path": str(self.path)}) from None
         cursor = scan.cursor if scan is not None and isinstance(scan.cursor, FileCursor) else None
         try:
