@@ -280,6 +280,30 @@ def table(title: str, runs: list[dict[str, Any]], kind: str) -> str:
     return "\n".join(lines)
 
 
+def measure(result: dict[str, Any], work: Path, pg: Any, args: argparse.Namespace, data: Path, run: str) -> None:
+    """The run's parts into ``result``: hash-embedder scale, the real model, SciFact parity (each
+    skipped part named under ``not_measured``)."""
+    result["hash"] = []
+    for size in args.sizes:
+        result["hash"].append(scale(work, pg, size, args.queries, "hash", data))
+    result["model"] = []
+    if args.model_size:
+        from nubos_memory.embed.model import ModelEmbedder
+
+        cached = CachedEmbedder(ModelEmbedder(MODEL), args.model_cache or work / "model-cache")
+        result["model"].append(scale(work, pg, args.model_size, args.queries, "model", data, embedder=cached))
+    else:
+        result["not_measured"].append(f"{MODEL}: skipped (--model-size 0)")
+    if args.model_size < 100_000:
+        result["not_measured"].append(f"{MODEL} at 100,000 records: not measured (embedding 100k texts takes "
+                                      "about 25 minutes on this machine's 2 cores)")
+    if args.scifact:
+        result["scifact"] = scifact(work, {"backend": "postgres",
+                                           "postgres": {"namespace": f"bench-{run}-eval", "timeout_s": 300}}, data)
+    else:
+        result["not_measured"].append("SciFact parity: skipped (run with --scifact, about 12 minutes)")
+
+
 def main() -> None:
     started = time.perf_counter()
     ap = argparse.ArgumentParser()
@@ -315,25 +339,7 @@ def main() -> None:
                     "target": f"warm postgres hybrid p50 within {TARGET_RATIO:g}x the file store's (hash embedder)",
                     "not_measured": []}
     try:
-        result["hash"] = []
-        for size in args.sizes:
-            result["hash"].append(scale(work, pg, size, args.queries, "hash", data))
-        result["model"] = []
-        if args.model_size:
-            from nubos_memory.embed.model import ModelEmbedder
-
-            cached = CachedEmbedder(ModelEmbedder(MODEL), args.model_cache or work / "model-cache")
-            result["model"].append(scale(work, pg, args.model_size, args.queries, "model", data, embedder=cached))
-        else:
-            result["not_measured"].append(f"{MODEL}: skipped (--model-size 0)")
-        if args.model_size < 100_000:
-            result["not_measured"].append(f"{MODEL} at 100,000 records: not measured (embedding 100k texts takes "
-                                          "about 25 minutes on this machine's 2 cores)")
-        if args.scifact:
-            result["scifact"] = scifact(work, {"backend": "postgres",
-                                               "postgres": {"namespace": f"bench-{run}-eval", "timeout_s": 300}}, data)
-        else:
-            result["not_measured"].append("SciFact parity: skipped (run with --scifact, about 12 minutes)")
+        measure(result, work, pg, args, data, run)
     finally:
         if server is not None:
             server.cleanup()

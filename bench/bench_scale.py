@@ -160,34 +160,13 @@ def cli(root: Path, *args: str, env: dict[str, str] | None = None) -> float:
     return (time.perf_counter() - t) * 1000
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="1000,10000,100000")
-    ap.add_argument("--queries", type=int, default=200)
-    benchdata.add_flag(ap)
-    args = ap.parse_args()
-    data = benchdata.scifact(args.datasets)
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]  # --sizes "": throughput only
-    queries = [json.loads(line)["text"] for line in (data / "queries.jsonl").open()][: args.queries]
-    st = ModelEmbedder(DEFAULT_MODEL)
-    cached = CachedEmbedder(st, cache_dir())
-    base = real_texts(min(max(sizes, default=10_000), 10_000), data)
-    t = time.perf_counter()
-    cached.embed([embed_text(as_record({"title": r["title"], "body": r["body"]})) for r in base])  # real vectors for every base record
-    cached.save()
-    print(f"# base embeddings ready ({len(base)} records, {cached.misses} newly embedded, "
-          f"{time.perf_counter() - t:.0f}s)", flush=True)
-    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {platform.machine()} "
-                     f"{os.cpu_count()} cpu, python {platform.python_version()}", "sizes": {}}
-
+def index_throughput(base: list[dict[str, Any]], st: Any, model: Any) -> dict[str, Any]:
+    """Index throughput vs raw model.encode at the same batch size (32), by record shape."""
     # Index throughput vs raw model.encode at the same batch size (32), uncached, same loaded model.
     # Two record shapes: agent-note sized (fits the 256-wordpiece window: pieces == records) and
     # long abstracts (cut into pieces and pooled). Baselines: encode of exactly the pieces the
     # product embeds (its overhead), and encode of the records truncated (the cost of whole records).
-    reference = TorchRuntime(str(st.folder()))  # the raw library: sentence-transformers on torch
-    reference.load()
-    model = reference.model
-    results["index_throughput"] = {}
+    out: dict[str, Any] = {}
     shapes = {"short": [r for r in base if r["title"].endswith(")")][:384] or base[:384], "long": base[:192]}
     model.encode([r["body"] for r in base[-64:]], batch_size=32)  # warm-up: first calls are slower
     for shape, recs in shapes.items():
@@ -216,8 +195,35 @@ def main() -> None:
                "raw_encode_pieces_per_s": len(sample) / raw_pieces_s,
                "raw_encode_truncated_per_s": len(sample) / raw_trunc_s,
                "ratio_vs_same_pieces": raw_pieces_s / prod_s, "ratio_vs_truncated": raw_trunc_s / prod_s}
-        results["index_throughput"][shape] = shape_row
+        out[shape] = shape_row
         print(f"# index throughput ({shape}): " + json.dumps(shape_row), flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="1000,10000,100000")
+    ap.add_argument("--queries", type=int, default=200)
+    benchdata.add_flag(ap)
+    args = ap.parse_args()
+    data = benchdata.scifact(args.datasets)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]  # --sizes "": throughput only
+    queries = [json.loads(line)["text"] for line in (data / "queries.jsonl").open()][: args.queries]
+    st = ModelEmbedder(DEFAULT_MODEL)
+    cached = CachedEmbedder(st, cache_dir())
+    base = real_texts(min(max(sizes, default=10_000), 10_000), data)
+    t = time.perf_counter()
+    cached.embed([embed_text(as_record({"title": r["title"], "body": r["body"]})) for r in base])  # real vectors for every base record
+    cached.save()
+    print(f"# base embeddings ready ({len(base)} records, {cached.misses} newly embedded, "
+          f"{time.perf_counter() - t:.0f}s)", flush=True)
+    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {platform.machine()} "
+                     f"{os.cpu_count()} cpu, python {platform.python_version()}", "sizes": {}}
+
+    reference = TorchRuntime(str(st.folder()))  # the raw library: sentence-transformers on torch
+    reference.load()
+    model = reference.model
+    results["index_throughput"] = index_throughput(base, st, model)
 
     qvecs = st.embed(queries)
     for n in sizes:

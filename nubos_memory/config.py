@@ -133,6 +133,43 @@ def dsn_env_name() -> str:
     return DSN_ENV
 
 
+# The numeric settings: key -> (lowest, highest, integer).
+_RANGES: dict[str, tuple[float, float, bool]] = {
+    "alpha": (0.0, 1.0, False), "threshold": (-1.0, 1.0, False), "lock_timeout": (0.0, 3600.0, False),
+    "candidates": (1, 10_000, True), "max_pending_embed": (0, 1_000_000, True), "hnsw_m": (2, 128, True),
+    "hnsw_ef_construction": (1, 10_000, True), "hnsw_ef_search": (1, 10_000, True),
+}
+
+
+def _setting(key: str, value: Any) -> Any:
+    """One known key's value as a setting, or the ``ConfigError`` saying what it must be."""
+    if key in _RANGES:
+        lo, hi, integer = _RANGES[key]
+        return _number(key, value, lo, hi, integer=integer)  # an int or a float, as the key wants
+    if key == "near_duplicate":
+        return None if value is None else float(_number(key, value, 0.5, 1.0))
+    if key == "postgres":
+        return _postgres(value)
+    _check_plain(key, value)
+    return tuple(value) if key == "types" else value
+
+
+def _check_plain(key: str, value: Any) -> None:
+    """The keys kept as given (``types`` as a tuple): raise unless ``value`` is one they take."""
+    if key == "enabled":
+        if not isinstance(value, bool):
+            raise _bad(key, value, "true or false")
+    elif key in CHOICES:
+        if value not in CHOICES[key]:
+            raise _bad(key, value, f"one of {list(CHOICES[key])}")
+    elif key == "model":
+        if not isinstance(value, str) or not value.strip() or len(value) > 1024 or "\x00" in value:
+            raise _bad(key, value, "a non-empty model name or path")
+    elif key == "types" and (not isinstance(value, list) or not all(
+            isinstance(t, str) and t.isidentifier() and len(t) <= 32 for t in value) or len(value) > 64):
+        raise _bad(key, value, "a list of at most 64 short identifier strings")
+
+
 def validate_section(raw: dict[str, Any], root: Path | None = None) -> MemoryConfig:
     """The ``memory`` section as settings, or the ``ConfigError`` naming what is wrong.  With the
     project ``root``, the model's location is checked too (``check_model_location``)."""
@@ -144,42 +181,7 @@ def validate_section(raw: dict[str, Any], root: Path | None = None) -> MemoryCon
             code=codes.CONFIG_UNKNOWN_KEY,
             details={"unknown": unknown, "known": sorted(known)},
         )
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key == "enabled":
-            if not isinstance(value, bool):
-                raise _bad(key, value, "true or false")
-        elif key in CHOICES:
-            if value not in CHOICES[key]:
-                raise _bad(key, value, f"one of {list(CHOICES[key])}")
-        elif key == "model":
-            if not isinstance(value, str) or not value.strip() or len(value) > 1024 or "\x00" in value:
-                raise _bad(key, value, "a non-empty model name or path")
-        elif key == "types":
-            if not isinstance(value, list) or not all(
-                isinstance(t, str) and t.isidentifier() and len(t) <= 32 for t in value
-            ) or len(value) > 64:
-                raise _bad(key, value, "a list of at most 64 short identifier strings")
-            value = tuple(value)
-        elif key == "alpha":
-            value = float(_number(key, value, 0.0, 1.0))
-        elif key == "threshold":
-            value = float(_number(key, value, -1.0, 1.0))
-        elif key == "lock_timeout":
-            value = float(_number(key, value, 0.0, 3600.0))
-        elif key == "candidates":
-            value = _number(key, value, 1, 10_000, integer=True)
-        elif key == "max_pending_embed":
-            value = _number(key, value, 0, 1_000_000, integer=True)
-        elif key == "hnsw_m":
-            value = _number(key, value, 2, 128, integer=True)
-        elif key in ("hnsw_ef_construction", "hnsw_ef_search"):
-            value = _number(key, value, 1, 10_000, integer=True)
-        elif key == "near_duplicate":
-            value = None if value is None else float(_number(key, value, 0.5, 1.0))
-        elif key == "postgres":
-            value = _postgres(value)
-        out[key] = value
+    out = {key: _setting(key, value) for key, value in raw.items()}
     config = MemoryConfig(**out)
     if root is not None:
         check_model_location(config.model, root)

@@ -259,71 +259,107 @@ def feed(scan: LogScan, data: bytes) -> int:
     bytes applied; the store reads again from there next time."""
     base = scan.applied
     end = data.rfind(b"\n") + 1
-    if b'"redact"' in data[:end]:  # know every redaction first: a line it names may come before it
-        for raw in data[:end].split(b"\n"):
-            if b'"redact"' in raw:
-                kind, obj, _ = classify(raw)
-                if kind == "redact":
-                    _note_redaction(scan, obj)
+    _note_redactions(scan, data, end)
     scan.size = base + len(data)
     number = scan.lines
     pos = 0
-    settled, settled_lines = 0, number  # applied bytes end here, after this many lines
-    group: _Group | None = None
+    reader = _Reader(scan, number)
     while pos < end:
         nl = data.index(b"\n", pos)
         raw = data[pos:nl]
         line_start, pos = pos, nl + 1
         number += 1
         if not raw or raw.isspace():
-            if group is None:
-                settled, settled_lines = pos, number
+            if reader.group is None:
+                reader.settled, reader.settled_lines = pos, number
             continue
         kind, obj, reason = classify(raw)
-        if group is not None:
-            if group.awaiting_commit and not (kind == "commit" and _gid(obj) == group.gid):
-                _close(scan, group, "no commit line after its lines")
-                group = None  # and this line is read as if no group were open
-            elif kind == "commit" or kind == "rollback":
-                if _gid(obj) == group.gid:
-                    if kind == "commit":
-                        _close(scan, group, None)
-                    else:
-                        _close(scan, group, None, apply=False, end_line=number)
-                    scan.ops += 1
-                    group = None
-                    settled, settled_lines = pos, number
-                else:
-                    group.notes.append({"line": number, "op": kind})
-                continue
-            elif kind == "group":
-                _close(scan, group, "a new change began before its commit line")
-                group = None
-            else:
-                group.members.append((kind, obj if kind != "corrupt" else reason, number, raw))
-                if group.gid is None and len(group.members) >= group.declared:  # a group of the old format
-                    _close(scan, group, None)
-                    group = None
-                    settled, settled_lines = pos, number
-                continue
-        if kind == "group":
-            group = _Group(line=number, declared=obj["lines"], gid=_gid(obj), start=line_start)
+        if reader.group is not None and reader.inside(kind, obj, reason, number, raw, pos):
             continue
-        _apply(scan, kind, obj, reason, number, raw)
-        settled, settled_lines = pos, number
-    if group is not None:  # open at the end of the file: a write in progress
-        settled, settled_lines = group.start, group.line - 1
-    scan.lines = settled_lines
-    tail = data[settled:]
-    if tail:
-        scan.partial_tail = {"line": settled_lines + 1, "bytes": len(tail), "excerpt": _excerpt(tail)}
-        if group is not None:
-            scan.partial_tail["open_group"] = {"line": group.line, "lines": group.declared, "gid": group.gid,
-                                               "present": len(group.members)}
-    else:
-        scan.partial_tail = None
-    scan.applied = base + settled
-    return settled
+        reader.outside(kind, obj, reason, number, raw, line_start, pos)
+    return reader.finish(data, base)
+
+
+def _note_redactions(scan: LogScan, data: bytes, end: int) -> None:
+    """Know every redaction in ``data[:end]`` first: a line it names may come before it."""
+    if data.find(b'"redact"', 0, end) != -1:
+        for raw in data[:end].split(b"\n"):
+            if b'"redact"' in raw:
+                kind, obj, _ = classify(raw)
+                if kind == "redact":
+                    _note_redaction(scan, obj)
+
+
+class _Reader:
+    """``feed``'s state while it reads one buffer: where the applied bytes end (``settled``, after
+    ``settled_lines`` lines) and the group open at the line read, if any."""
+
+    __slots__ = ("group", "scan", "settled", "settled_lines")
+
+    def __init__(self, scan: LogScan, number: int):
+        self.scan = scan
+        self.settled, self.settled_lines = 0, number
+        self.group: _Group | None = None
+
+    def inside(self, kind: str, obj: Any, reason: str | None, number: int, raw: bytes, pos: int) -> bool:
+        """A line while a group is open (ending at ``pos``); False when the group was closed without it
+        and the line is to be read as if no group were open."""
+        group = self.group
+        assert group is not None
+        scan = self.scan
+        if group.awaiting_commit and not (kind == "commit" and _gid(obj) == group.gid):
+            _close(scan, group, "no commit line after its lines")
+            self.group = None  # and this line is read as if no group were open
+            return False
+        if kind == "commit" or kind == "rollback":
+            if _gid(obj) == group.gid:
+                if kind == "commit":
+                    _close(scan, group, None)
+                else:
+                    _close(scan, group, None, apply=False, end_line=number)
+                scan.ops += 1
+                self.group = None
+                self.settled, self.settled_lines = pos, number
+            else:
+                group.notes.append({"line": number, "op": kind})
+            return True
+        if kind == "group":
+            _close(scan, group, "a new change began before its commit line")
+            self.group = None
+            return False
+        group.members.append((kind, obj if kind != "corrupt" else reason, number, raw))
+        if group.gid is None and len(group.members) >= group.declared:  # a group of the old format
+            _close(scan, group, None)
+            self.group = None
+            self.settled, self.settled_lines = pos, number
+        return True
+
+    def outside(self, kind: str, obj: Any, reason: str | None, number: int, raw: bytes, line_start: int,
+                pos: int) -> None:
+        """A line (from ``line_start`` to ``pos``) read while no group is open."""
+        if kind == "group":
+            self.group = _Group(line=number, declared=obj["lines"], gid=_gid(obj), start=line_start)
+            return
+        _apply(self.scan, kind, obj, reason, number, raw)
+        self.settled, self.settled_lines = pos, number
+
+    def finish(self, data: bytes, base: int) -> int:
+        """Hold back what follows the applied bytes (a write in progress); the bytes applied."""
+        scan, group = self.scan, self.group
+        if group is not None:  # open at the end of the file: a write in progress
+            self.settled, self.settled_lines = group.start, group.line - 1
+        settled = self.settled
+        scan.lines = self.settled_lines
+        tail = data[settled:]
+        if tail:
+            scan.partial_tail = {"line": self.settled_lines + 1, "bytes": len(tail), "excerpt": _excerpt(tail)}
+            if group is not None:
+                scan.partial_tail["open_group"] = {"line": group.line, "lines": group.declared, "gid": group.gid,
+                                                   "present": len(group.members)}
+        else:
+            scan.partial_tail = None
+        scan.applied = base + settled
+        return settled
 
 
 def _apply(scan: LogScan, kind: str, obj: Any, reason: str | None, number: int, raw: bytes) -> None:

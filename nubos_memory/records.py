@@ -261,6 +261,37 @@ def _created_at(value: Any, stored: bool) -> str | None:
     return value
 
 
+def _title_and_body(title: Any, body: Any, *, write: bool) -> tuple[str, str]:
+    """A record's checked title and body; a ``write`` drops reasoning blocks from both."""
+    if body is None:
+        body = ""
+    if not isinstance(body, str):
+        raise _Fail(codes.RECORD_INVALID_BODY, "body must be a string", "body")
+    _utf8(body, "body")
+    if write and isinstance(title, str):  # a write: reasoning never reaches the store
+        _utf8(title, "title")
+        clean_title, clean_body = strip_reasoning(title), strip_reasoning(body)
+        if (clean_title, clean_body) != (title, body) and not clean_title.strip() and not clean_body.strip():
+            raise _Fail(codes.RECORD_ONLY_REASONING, "the record holds only reasoning blocks (<think>, <scratch_pad>); "
+                        "nothing is stored", "record")
+        title, body = clean_title, clean_body
+    title = _single_line(title, "title", MAX_TITLE, required=True)
+    if len(body) > MAX_BODY:
+        raise _Fail(codes.RECORD_TOO_LARGE, f"body is longer than {MAX_BODY} characters", "body")
+    return cast(str, title), body
+
+
+def _provenance(prov: Any) -> str | None:
+    """A record's provenance in upper case, or None."""
+    if prov is None:
+        return None
+    if not isinstance(prov, str) or prov.upper() not in PROVENANCES:
+        raise _Fail(
+            codes.RECORD_INVALID_PROVENANCE, f"provenance must be one of {list(PROVENANCES)} or null", "provenance"
+        )
+    return prov.upper()
+
+
 def normalise_record(raw: Any, types: Iterable[str] | None) -> Record:
     """Validate one record and return it in canonical form (field order of the spec).
 
@@ -290,30 +321,9 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> Record:
     if not isinstance(rtype, str) or (allowed is not None and rtype not in allowed) or not rtype.isidentifier():
         expected = f"one of {list(allowed)}" if allowed is not None else "a word"
         raise _Fail(codes.RECORD_INVALID_TYPE, f"type must be {expected}, got {rtype!r}", "type")
-    title, body = raw.get("title"), raw.get("body")
-    if body is None:
-        body = ""
-    if not isinstance(body, str):
-        raise _Fail(codes.RECORD_INVALID_BODY, "body must be a string", "body")
-    _utf8(body, "body")
-    if types is not None and isinstance(title, str):  # a write: reasoning never reaches the store
-        _utf8(title, "title")
-        clean_title, clean_body = strip_reasoning(title), strip_reasoning(body)
-        if (clean_title, clean_body) != (title, body) and not clean_title.strip() and not clean_body.strip():
-            raise _Fail(codes.RECORD_ONLY_REASONING, "the record holds only reasoning blocks (<think>, <scratch_pad>); "
-                        "nothing is stored", "record")
-        title, body = clean_title, clean_body
-    title = _single_line(title, "title", MAX_TITLE, required=True)
-    if len(body) > MAX_BODY:
-        raise _Fail(codes.RECORD_TOO_LARGE, f"body is longer than {MAX_BODY} characters", "body")
+    title, body = _title_and_body(raw.get("title"), raw.get("body"), write=types is not None)
     phase = _single_line(raw.get("phase"), "phase", MAX_PHASE, required=False)
-    prov = raw.get("provenance")
-    if prov is not None:
-        if not isinstance(prov, str) or prov.upper() not in PROVENANCES:
-            raise _Fail(
-                codes.RECORD_INVALID_PROVENANCE, f"provenance must be one of {list(PROVENANCES)} or null", "provenance"
-            )
-        prov = prov.upper()
+    prov = _provenance(raw.get("provenance"))
     out: dict[str, Any] = {
         "id": rid,
         "type": rtype,

@@ -21,6 +21,7 @@ VECTOR_BLOCKERS = (codes.MEMORY_REBUILD_REQUIRED, codes.MANIFEST_CORRUPT, codes.
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from ..log import LogScan
     from .memory import Memory
 
 
@@ -36,10 +37,9 @@ def hnsw_element_count(path: "Path") -> int | None:
     return int(struct.unpack("<QQQ", header)[2])
 
 
-def collect_stats(mem: "Memory") -> Stats:
-    cfg = mem.config
-    scan = mem.scan()
-    problems: list[dict[str, Any]] = []
+def _read_vectors(mem: "Memory", problems: list[dict[str, Any]]) -> tuple[Any, Any, Any, bool | None]:
+    """The stored vectors (manifest, index, labels) and whether their embedder is the configured one;
+    what keeps them from use is added to ``problems``."""
     manifest = index = labels = None
     try:
         manifest, index, labels = mem.snap.vectors()
@@ -54,14 +54,12 @@ def collect_stats(mem: "Memory") -> Stats:
         fingerprint_match = err is None
         if err is not None:
             problems.append({"code": err.code, "message": err.message, "details": err.details})
-    live_ids = scan.ids()
-    keymap_ids = set(index.ids) if index is not None else set()
-    alive = mem.snap.alive
-    pending = scan.live_count if labels is None else int(((labels < 0) & alive).sum())
-    retired_ids = {scan.records[p]["id"] for p in scan.dead} - live_ids
-    unknown = keymap_ids - live_ids
-    retired_in_index = len(unknown & retired_ids)  # expected after forget/supersede; rebuild drops them
-    stale = len(unknown) - retired_in_index  # vectors of ids the log does not hold at all (a hand edit)
+    return manifest, index, labels, fingerprint_match
+
+
+def _check_index(index: Any, keymap_count: int, problems: list[dict[str, Any]]) -> int | None:
+    """The HNSW graph's vector count (None without one); its damage, bad stored vectors and a count
+    other than the keymap's are added to ``problems``."""
     index_count = None
     if index is not None and index.hnsw_path is not None:
         try:
@@ -69,7 +67,6 @@ def collect_stats(mem: "Memory") -> Stats:
             index_count = hnsw_element_count(index.hnsw_path)
         except StoreError as exc:
             problems.append({"code": exc.code, "message": exc.message})
-    keymap_count = len(index) if index is not None else 0
     if index is not None and keymap_count:
         from ..index.vectors import usable
 
@@ -81,6 +78,11 @@ def collect_stats(mem: "Memory") -> Stats:
     if index is not None and index_count is not None and index_count != keymap_count:
         problems.append({"code": codes.INDEX_KEYMAP_MISMATCH,
                          "message": f"index holds {index_count} vectors, keymap {keymap_count}"})
+    return index_count
+
+
+def _log_problems(scan: "LogScan", pending: int, stale: int, problems: list[dict[str, Any]]) -> None:
+    """Add the log's problems, then the index's lag behind it (``pending``, ``stale``), to ``problems``."""
     problems += scan.problems()
     if scan.redacted_present:
         problems.append({"code": codes.RECORDS_REDACTED_PRESENT, "count": len(scan.redacted_present),
@@ -96,10 +98,34 @@ def collect_stats(mem: "Memory") -> Stats:
         problems.append({"code": codes.INDEX_STALE, "count": stale,
                          "message": f"the index holds {stale} vector(s) of ids the log does not hold (a hand edit); "
                                     "memory-rebuild drops them"})
-    embedding = (manifest or {}).get("embedding") or {}
+
+
+def _retired_reasons(scan: "LogScan") -> dict[str, int]:
+    """How many retired records each reason retired."""
     reasons: dict[str, int] = {}
     for info in scan.dead.values():
         reasons[info["reason"]] = reasons.get(info["reason"], 0) + 1
+    return reasons
+
+
+def collect_stats(mem: "Memory") -> Stats:
+    cfg = mem.config
+    scan = mem.scan()
+    problems: list[dict[str, Any]] = []
+    manifest, index, labels, fingerprint_match = _read_vectors(mem, problems)
+    live_ids = scan.ids()
+    keymap_ids = set(index.ids) if index is not None else set()
+    alive = mem.snap.alive
+    pending = scan.live_count if labels is None else int(((labels < 0) & alive).sum())
+    retired_ids = {scan.records[p]["id"] for p in scan.dead} - live_ids
+    unknown = keymap_ids - live_ids
+    retired_in_index = len(unknown & retired_ids)  # expected after forget/supersede; rebuild drops them
+    stale = len(unknown) - retired_in_index  # vectors of ids the log does not hold at all (a hand edit)
+    keymap_count = len(index) if index is not None else 0
+    index_count = _check_index(index, keymap_count, problems)
+    _log_problems(scan, pending, stale, problems)
+    embedding = (manifest or {}).get("embedding") or {}
+    reasons = _retired_reasons(scan)
     out: Stats = {
         "count": scan.live_count,
         "retired": {"total": len(scan.dead), "by_reason": reasons, "redacted": len(scan.redacted)},

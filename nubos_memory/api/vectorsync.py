@@ -129,47 +129,10 @@ class VectorSync:
         to commit (a write), or commit only if it is free (a query).
         """
         state = VectorState()
-        snap = self.snap
         self.invalid = 0
         try:
-            state.manifest, state.index, state.labels = snap.vectors()
-            if state.manifest is not None:
-                err = self.mismatch(state.manifest, None)
-                if err:
-                    raise err
-            labels = state.labels
-            cand = np.arange(len(labels)) if positions is None else np.asarray(positions, dtype=np.int64)
-            missing = cand[(labels[cand] < 0) & snap.alive[cand]].tolist() if len(cand) else []
-            wanted = set(must)
-            # Vectors other machines made are taken for every missing record in one pass (a new machine
-            # of a team memory is complete after its first call); only embedding is capped.
-            shared = self._shared_for(missing) if missing and self.store.shares_vectors else {}
-            todo = [p for p in missing if p in wanted or p in shared] + \
-                [p for p in missing if p not in wanted and p not in shared][:cap]
-            if todo:
-                known = {**shared, **(precomputed or {})}
-                if state.index is not None:  # the same text already embedded (another id, an earlier life)
-                    for p in todo:
-                        label = state.index.label_of_hash(snap.hashes[p])
-                        if p not in known and label is not None:
-                            row = np.asarray(state.index.vectors[label])
-                            if usable(row[None, :])[0]:  # a bad row an older version stored is embedded again
-                                known[p] = row
-                fresh = [p for p in todo if p not in known]
-                if fresh:
-                    fresh = self._embed_fresh(fresh, wanted, known, budget_s, progress)
-                    if state.manifest is not None:
-                        err = self.mismatch(state.manifest, self.embedder.dim)
-                        if err:
-                            raise err
-                state.embedded = len(fresh)
-                state.extra = {p: known[p] for p in todo if p in known}
-                if not snap.unsigned:  # without a signing key nothing derived is written: vectors stay in memory
-                    self._persist(state, [p for p in todo if p in known], blocking=blocking, verb=verb)
-            if len(cand):
-                still = cand[(state.labels[cand] < 0) & snap.alive[cand]].tolist()
-                state.behind = sum(1 for p in still if p not in state.extra)
-            state.invalid = self.invalid
+            self._load_and_fill(state, positions, must=must, cap=cap, blocking=blocking, verb=verb,
+                                precomputed=precomputed, budget_s=budget_s, progress=progress)
         except (StoreError, EmbeddingError, RebuildRequired) as exc:
             state.degraded = exc.to_dict()
         except OSError as exc:  # disk full, permissions: the records are safe, the index is behind
@@ -177,6 +140,58 @@ class VectorSync:
                 f"could not write the derived index: {exc.strerror or exc}; records are saved and will be "
                 "indexed by the next write, query or memory-rebuild", code=codes.INDEX_WRITE_FAILED).to_dict()
         return state
+
+    def _load_and_fill(self, state: VectorState, positions: np.ndarray | None, *, must: Iterable[int], cap: int,
+                       blocking: bool, verb: str, precomputed: dict[int, np.ndarray] | None,
+                       budget_s: float | None, progress: Progress | None) -> None:
+        """:meth:`sync`'s work, into ``state``: load the vector layer, choose the missing records to
+        embed (``todo``), fill them in (:meth:`_fill`), count what is left behind."""
+        snap = self.snap
+        state.manifest, state.index, state.labels = snap.vectors()
+        if state.manifest is not None:
+            err = self.mismatch(state.manifest, None)
+            if err:
+                raise err
+        labels = state.labels
+        cand = np.arange(len(labels)) if positions is None else np.asarray(positions, dtype=np.int64)
+        missing = cand[(labels[cand] < 0) & snap.alive[cand]].tolist() if len(cand) else []
+        wanted = set(must)
+        # Vectors other machines made are taken for every missing record in one pass (a new machine
+        # of a team memory is complete after its first call); only embedding is capped.
+        shared = self._shared_for(missing) if missing and self.store.shares_vectors else {}
+        todo = [p for p in missing if p in wanted or p in shared] + \
+            [p for p in missing if p not in wanted and p not in shared][:cap]
+        if todo:
+            self._fill(state, todo, wanted, {**shared, **(precomputed or {})}, budget_s, progress,
+                       blocking=blocking, verb=verb)
+        if len(cand):
+            still = cand[(state.labels[cand] < 0) & snap.alive[cand]].tolist()
+            state.behind = sum(1 for p in still if p not in state.extra)
+        state.invalid = self.invalid
+
+    def _fill(self, state: VectorState, todo: list[int], wanted: set[int], known: dict[int, np.ndarray],
+              budget_s: float | None, progress: Progress | None, *, blocking: bool, verb: str) -> None:
+        """Give the ``todo`` positions vectors: ``known`` ones (shared, precomputed), the index's of the
+        same text, else embedded fresh; keep them in ``state`` and write them (when signed)."""
+        snap = self.snap
+        if state.index is not None:  # the same text already embedded (another id, an earlier life)
+            for p in todo:
+                label = state.index.label_of_hash(snap.hashes[p])
+                if p not in known and label is not None:
+                    row = np.asarray(state.index.vectors[label])
+                    if usable(row[None, :])[0]:  # a bad row an older version stored is embedded again
+                        known[p] = row
+        fresh = [p for p in todo if p not in known]
+        if fresh:
+            fresh = self._embed_fresh(fresh, wanted, known, budget_s, progress)
+            if state.manifest is not None:
+                err = self.mismatch(state.manifest, self.embedder.dim)
+                if err:
+                    raise err
+        state.embedded = len(fresh)
+        state.extra = {p: known[p] for p in todo if p in known}
+        if not snap.unsigned:  # without a signing key nothing derived is written: vectors stay in memory
+            self._persist(state, [p for p in todo if p in known], blocking=blocking, verb=verb)
 
     def _shared_for(self, positions: list[int]) -> dict[int, np.ndarray]:
         """The usable vectors the store holds for these records' texts under our fingerprint."""

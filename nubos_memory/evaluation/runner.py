@@ -42,6 +42,54 @@ def _query_kwargs(mode: str, alpha: float | None) -> dict[str, Any]:
     return {"fusion": None if mode == "hybrid" else mode, "alpha": alpha}
 
 
+def _corpus_records(corpus: list[dict[str, Any]]) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The corpus's documents as records, and each record id's document id."""
+    ids: dict[str, str] = {}
+    records = []
+    for doc in corpus:
+        did = str(doc.get("_id"))
+        rid = record_id(did)
+        ids[rid] = did
+        text = str(doc.get("text") or "")
+        title = str(doc.get("title") or "").strip() or (text[:80].strip() or did)
+        records.append({"id": rid, "type": "research", "title": title[:MAX_TITLE], "body": text[:MAX_BODY]})
+    return ids, records
+
+
+def _score_mode(mem: Any, mode: str, judged: list[str], queries: dict[str, str], qrels: dict[str, Any],
+                ids: dict[str, str], names: tuple[str, ...], *, depth: int, k: int, alpha: float | None,
+                ignore_identical_ids: bool, progress: Callable[[str, int, int], None] | None) -> dict[str, Any]:
+    """Every judged query in one mode: the mean of each metric, latencies, degraded answers."""
+    per_query: dict[str, list[float]] = {m: [] for m in names}
+    latencies = []
+    degraded = 0
+    for n, qid in enumerate(judged, start=1):
+        t = time.perf_counter()
+        try:
+            res: Any = mem.query(queries[qid], k=depth, track=False, collapse=False,
+                                 **_query_kwargs(mode, alpha))
+        except InputError:  # an empty query text in the dataset: no hits
+            res = {"hits": [], "degraded": None}
+        latencies.append((time.perf_counter() - t) * 1000)
+        degraded += res["degraded"] is not None
+        ranked = [ids.get(h["id"], h["id"]) for h in res["hits"]]
+        if ignore_identical_ids:  # a query's own text in the corpus is no hit (BEIR EvaluateRetrieval)
+            ranked = [d for d in ranked if d != qid]
+        rel = qrels[qid]
+        for name, value in zip(names, (ndcg_at_k(ranked, rel, k), recall_at_k(ranked, rel, k),
+                                       recall_at_k(ranked, rel, 100), mrr_at_k(ranked, rel, k))):
+            per_query[name].append(value)
+        if progress:
+            progress(mode, n, len(judged))
+    return {
+        **{m: round(sum(v) / len(judged), 4) for m, v in per_query.items()},
+        "latency_ms": {"p50": round(percentile(latencies, 50), 2), "p95": round(percentile(latencies, 95), 2)},
+        "degraded_queries": degraded,
+        "per_query": per_query,
+        "latencies": latencies,
+    }
+
+
 def evaluate_one(source_config: dict[str, Any], folder: Path, *, split: str = "test",
                  modes: tuple[str, ...] = MODES, k: int = 10, alpha: float | None = None,
                  max_queries: int | None = None, embedder: Embedder | None = None, cache: bool = True,
@@ -69,15 +117,7 @@ def evaluate_one(source_config: dict[str, Any], folder: Path, *, split: str = "t
         (scratch / STATE_DIR / CONFIG_FILE).write_bytes(dumps({"memory": config}))
         mem = Memory.open(scratch, embedder=emb)
         scratch_store = mem.store
-        ids: dict[str, str] = {}
-        records = []
-        for doc in corpus:
-            did = str(doc.get("_id"))
-            rid = record_id(did)
-            ids[rid] = did
-            text = str(doc.get("text") or "")
-            title = str(doc.get("title") or "").strip() or (text[:80].strip() or did)
-            records.append({"id": rid, "type": "research", "title": title[:MAX_TITLE], "body": text[:MAX_BODY]})
+        ids, records = _corpus_records(corpus)
         start = time.perf_counter()
         batch = 512
         for i in range(0, len(records), batch):
@@ -94,34 +134,8 @@ def evaluate_one(source_config: dict[str, Any], folder: Path, *, split: str = "t
         names = (f"ndcg@{k}", f"recall@{k}", "recall@100", f"mrr@{k}")
         out_modes: dict[str, Any] = {}
         for mode in modes:
-            per_query: dict[str, list[float]] = {m: [] for m in names}
-            latencies = []
-            degraded = 0
-            for n, qid in enumerate(judged, start=1):
-                t = time.perf_counter()
-                try:
-                    res: Any = mem.query(queries[qid], k=depth, track=False, collapse=False,
-                                         **_query_kwargs(mode, alpha))
-                except InputError:  # an empty query text in the dataset: no hits
-                    res = {"hits": [], "degraded": None}
-                latencies.append((time.perf_counter() - t) * 1000)
-                degraded += res["degraded"] is not None
-                ranked = [ids.get(h["id"], h["id"]) for h in res["hits"]]
-                if ignore_identical_ids:  # a query's own text in the corpus is no hit (BEIR EvaluateRetrieval)
-                    ranked = [d for d in ranked if d != qid]
-                rel = qrels[qid]
-                for name, value in zip(names, (ndcg_at_k(ranked, rel, k), recall_at_k(ranked, rel, k),
-                                               recall_at_k(ranked, rel, 100), mrr_at_k(ranked, rel, k))):
-                    per_query[name].append(value)
-                if progress:
-                    progress(mode, n, len(judged))
-            out_modes[mode] = {
-                **{m: round(sum(v) / len(judged), 4) for m, v in per_query.items()},
-                "latency_ms": {"p50": round(percentile(latencies, 50), 2), "p95": round(percentile(latencies, 95), 2)},
-                "degraded_queries": degraded,
-                "per_query": per_query,
-                "latencies": latencies,
-            }
+            out_modes[mode] = _score_mode(mem, mode, judged, queries, qrels, ids, names, depth=depth, k=k, alpha=alpha,
+                                          ignore_identical_ids=ignore_identical_ids, progress=progress)
         return {
             "dataset": str(folder),
             "split": split,

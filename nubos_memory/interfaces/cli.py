@@ -46,34 +46,43 @@ def open_memory(root: str | None) -> "Memory":
 def add_arguments(p: argparse.ArgumentParser, params: "Sequence[Param]") -> None:
     """The flags of one verb, made from its declaration (``params.py``; their names are the request's keys)."""
     for param in params:
-        if param.cli == "none":
-            continue
-        kw: dict[str, Any] = {} if param.help is None else {"help": param.help}
-        if param.metavar is not None:
-            kw["metavar"] = param.metavar
-        if param.cli == "positional":
-            if param.nargs is not None:
-                kw["nargs"] = param.nargs
-            p.add_argument(param.name, **kw)
-            continue
-        kind = param.cli_kind or param.kind
-        if kind is bool:
-            p.add_argument(param.flag, action="store_true", **kw)
-            continue
-        if param.append:
-            p.add_argument(param.flag, action="append", **kw)
-            continue
-        if param.required:
-            kw["required"] = True
+        if param.cli != "none":
+            _add_argument(p, param)
+
+
+def _add_argument(p: argparse.ArgumentParser, param: "Param") -> None:
+    """One parameter's positional argument or flag."""
+    kw: dict[str, Any] = {} if param.help is None else {"help": param.help}
+    if param.metavar is not None:
+        kw["metavar"] = param.metavar
+    if param.cli == "positional":
         if param.nargs is not None:
             kw["nargs"] = param.nargs
-        if kind in (int, float):
-            kw["type"] = kind
-        if param.choices:
-            kw["choices"] = param.choices
-        if param.default is not None:
-            kw["default"] = param.default
-        p.add_argument(param.flag, **kw)
+        p.add_argument(param.name, **kw)
+        return
+    kind = param.cli_kind or param.kind
+    if kind is bool:
+        p.add_argument(param.flag, action="store_true", **kw)
+        return
+    if param.append:
+        p.add_argument(param.flag, action="append", **kw)
+        return
+    p.add_argument(param.flag, **_value_keywords(param, kind, kw))
+
+
+def _value_keywords(param: "Param", kind: Any, kw: dict[str, Any]) -> dict[str, Any]:
+    """``kw`` with what a flag that takes a value adds: required, nargs, type, choices, default."""
+    if param.required:
+        kw["required"] = True
+    if param.nargs is not None:
+        kw["nargs"] = param.nargs
+    if kind in (int, float):
+        kw["type"] = kind
+    if param.choices:
+        kw["choices"] = param.choices
+    if param.default is not None:
+        kw["default"] = param.default
+    return kw
 
 
 @dataclass(frozen=True)

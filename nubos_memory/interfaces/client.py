@@ -103,6 +103,27 @@ def peer_uid(sock: socket.socket) -> int | None:
     return None
 
 
+def _connect_ours(path: Path) -> tuple[socket.socket | None, str | None]:
+    """``(a connection, None)`` to the server at ``path``; ``(None, why)`` when it may not be ours;
+    ``(None, None)`` for a stale socket nobody serves."""
+    why = untrusted(path)
+    if why is not None:
+        return None, why
+    try:
+        sock = connect(path)
+    except OSError:
+        return None, None
+    try:
+        uid = peer_uid(sock)
+    except OSError:
+        uid = None
+    if uid != os.getuid():
+        sock.close()
+        return None, ("the process serving the socket cannot be identified" if uid is None
+                      else f"the process serving the socket runs as uid {uid}, not as this user")
+    return sock, None
+
+
 def forward(name: str, request: dict[str, Any], progress: Callable[[str, int, int], None] | None = None
             ) -> tuple[tuple[int, str, Any] | None, dict[str, str] | None]:
     """``(the server's answer, None)``, or ``(None, why not)`` when the verb must run in-process:
@@ -115,24 +136,13 @@ def forward(name: str, request: dict[str, Any], progress: Callable[[str, int, in
     path = socket_path(root)
     if not os.path.lexists(path):
         return None, None
-    why = untrusted(path)
-    if why is None:
-        try:
-            sock = connect(path)
-        except OSError:
-            return None, None  # a stale socket from a killed server: work in-process
-        try:
-            uid = peer_uid(sock)
-        except OSError:
-            uid = None
-        if uid != os.getuid():
-            sock.close()
-            why = ("the process serving the socket cannot be identified" if uid is None
-                   else f"the process serving the socket runs as uid {uid}, not as this user")
+    sock, why = _connect_ours(path)
     if why is not None:
         return None, {"code": codes.SERVER_UNTRUSTED,
                       "message": f"memory-serve was not used: {why}; answered in-process instead",
                       "socket": str(path)}
+    if sock is None:
+        return None, None  # a stale socket from a killed server: work in-process
     args = {k: v for k, v in request.items() if k != "root"}
     sent = False
     try:

@@ -258,18 +258,35 @@ def tool_function(tool: Tool, call: Callable[..., Any]) -> Callable[..., Any]:
     return run_tool
 
 
-def build_server(root: str | None) -> tuple[Any, "WarmMemory"]:
-    """An ``MCPServer`` whose tools operate on the project memory at ``root``, and its warm memory."""
+def check_call(schemas: dict[str, dict[str, Any]], name: str, arguments: dict[str, Any]) -> tuple[Any, list[str]]:
+    """``(a tool error, ...)`` for a tool not served or an argument it does not take, else ``(None,
+    the tool's parameters)``."""
+    schema = schemas.get(name)
+    if schema is None:
+        return usage_error(f"no tool named {name[:MAX_ECHO]!r}", codes.TOOL_UNKNOWN, {"tools": sorted(schemas)}), []
+    allowed = sorted(schema.get("properties") or {})
+    unknown = [str(k)[:MAX_ECHO] for k in arguments if k not in allowed]
+    if unknown:
+        return usage_error(f"{name} takes no argument {unknown[0]!r}", codes.ARGUMENT_UNKNOWN,
+                           {"tool": name, "unknown": unknown[:20], "allowed": allowed}), allowed
+    return None, allowed
+
+
+def invalid_arguments(name: str, cause: Any, allowed: list[str]) -> Any:
+    """The tool error for arguments of tool ``name`` its schema refused (``cause``, pydantic's error)."""
+    problems = [{"field": ".".join(str(p) for p in err["loc"]) or name, "problem": problem(err)}
+                for err in cause.errors(include_input=False, include_url=False)]
+    first = problems[0]
+    return usage_error(f"{name}: {first['field']}: {first['problem']}", codes.ARGUMENT_INVALID,
+                       {"tool": name, "errors": problems[:20], "allowed": allowed})
+
+
+def memory_mcp_class() -> type:
+    """The SDK's server class, with one error shape and schemas a model reads right the first time
+    (made on first use: the SDK is imported only when serving MCP)."""
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
-    from mcp_types import CallToolResult, TextContent, ToolAnnotations
     from pydantic import ValidationError
-
-    from .. import __version__
-    from ..api.context import render_markdown
-    from .warm import WarmMemory
-
-    warm = WarmMemory(root)
 
     class MemoryMCP(MCPServer):
         """The SDK's server, with one error shape and schemas a model reads right the first time."""
@@ -302,28 +319,31 @@ def build_server(root: str | None) -> tuple[Any, "WarmMemory"]:
         async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
             if not self.schemas:
                 self.schemas.update({t.name: t.input_schema for t in await super().list_tools()})
-            schema = self.schemas.get(name)
-            if schema is None:
-                return usage_error(f"no tool named {name[:MAX_ECHO]!r}", codes.TOOL_UNKNOWN,
-                                   {"tools": sorted(self.schemas)})
-            allowed = sorted(schema.get("properties") or {})
-            unknown = [str(k)[:MAX_ECHO] for k in arguments if k not in allowed]
-            if unknown:
-                return usage_error(f"{name} takes no argument {unknown[0]!r}", codes.ARGUMENT_UNKNOWN,
-                                   {"tool": name, "unknown": unknown[:20], "allowed": allowed})
+            refused, allowed = check_call(self.schemas, name, arguments)
+            if refused is not None:
+                return refused
             try:
                 return await super().call_tool(name, arguments, context)
             except ToolError as exc:
                 cause = exc.__cause__
                 if not isinstance(cause, ValidationError):
                     raise
-                problems = [{"field": ".".join(str(p) for p in err["loc"]) or name, "problem": problem(err)}
-                            for err in cause.errors(include_input=False, include_url=False)]
-                first = problems[0]
-                return usage_error(f"{name}: {first['field']}: {first['problem']}", codes.ARGUMENT_INVALID,
-                                   {"tool": name, "errors": problems[:20], "allowed": allowed})
+                return invalid_arguments(name, cause, allowed)
 
-    server = MemoryMCP("nubos-memory", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
+    return MemoryMCP
+
+
+def build_server(root: str | None) -> tuple[Any, "WarmMemory"]:
+    """An ``MCPServer`` whose tools operate on the project memory at ``root``, and its warm memory."""
+    from mcp_types import CallToolResult, TextContent, ToolAnnotations
+
+    from .. import __version__
+    from ..api.context import render_markdown
+    from .warm import WarmMemory
+
+    warm = WarmMemory(root)
+
+    server = memory_mcp_class()("nubos-memory", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
 
     def call(name: str, request: dict[str, Any], markdown: bool = False) -> CallToolResult:
         """The verb's answer (JSON text and the same document as structured content; a query may
@@ -506,7 +526,7 @@ def too_large(head: bytes, size: int) -> "JSONRPCMessage":
 def refuse(line: bytes, allowed: Callable[[str], list[str] | None]) -> "JSONRPCMessage | None":
     """The answer to a line the SDK's reader refused, for the request's id where one can be read;
     None for a notification or a response (nothing to answer).  ``allowed`` names a tool's parameters."""
-    from mcp_types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, JSONRPCRequest, JSONRPCResponse
+    from mcp_types import INVALID_REQUEST, PARSE_ERROR, JSONRPCRequest
     from pydantic import ValidationError
 
     text = line.decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 become lone surrogates
@@ -531,8 +551,25 @@ def refuse(line: bytes, allowed: Callable[[str], list[str] | None]) -> "JSONRPCM
     if rid is None:
         return rpc_error(None, INVALID_REQUEST, "Invalid Request: an id is an integer or a string")
     found = list(itertools.islice(unreadable(doc), 20))
+    if found:
+        return _refuse_unreadable(doc, rid, found, allowed)
+    try:
+        JSONRPCRequest.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors(include_input=False, include_url=False)[0]
+        where = ".".join(str(part) for part in err["loc"]) or "message"
+        return rpc_error(rid, INVALID_REQUEST, f"Invalid Request: {field((where,))}: {err['msg']}")
+    return rpc_error(rid, INVALID_REQUEST, "Invalid Request: the message could not be read")
+
+
+def _refuse_unreadable(doc: dict[str, Any], rid: Any, found: list[tuple[tuple[Any, ...], str]],
+                       allowed: Callable[[str], list[str] | None]) -> "JSONRPCMessage":
+    """:func:`refuse`'s answer to a request holding values the SDK cannot read (``found``: path,
+    problem): a tool error for a tool's arguments, else an invalid params or invalid request error."""
+    from mcp_types import INVALID_PARAMS, INVALID_REQUEST, JSONRPCResponse
+
     params = doc.get("params")
-    if found and all(path[:2] == ("params", "arguments") and len(path) > 2 for path, _ in found) \
+    if all(path[:2] == ("params", "arguments") and len(path) > 2 for path, _ in found) \
             and doc.get("method") == "tools/call" and isinstance(params, dict) and isinstance(params.get("name"), str):
         name = field((params["name"],))
         errors = reported([(field(path[2:]), problem) for path, problem in found])
@@ -543,20 +580,12 @@ def refuse(line: bytes, allowed: Callable[[str], list[str] | None]) -> "JSONRPCM
         result = usage_error(f"{name}: {errors[0]['field']}: {errors[0]['problem']}", codes.ARGUMENT_INVALID, details)
         return JSONRPCResponse(jsonrpc="2.0", id=rid,
                                result=result.model_dump(by_alias=True, mode="json", exclude_none=True))
-    if found:
-        errors = reported([(field(path), problem) for path, problem in found])
-        message = f"{errors[0]['field']}: {errors[0]['problem']}"
-        if all(path[:1] == ("params",) for path, _ in found):
-            envelope = {"error": UsageError(message, code=codes.ARGUMENT_INVALID, details={"errors": errors}).to_dict()}
-            return rpc_error(rid, INVALID_PARAMS, f"Invalid params: {message}", envelope)
-        return rpc_error(rid, INVALID_REQUEST, f"Invalid Request: {message}")
-    try:
-        JSONRPCRequest.model_validate(doc)
-    except ValidationError as exc:
-        err = exc.errors(include_input=False, include_url=False)[0]
-        where = ".".join(str(part) for part in err["loc"]) or "message"
-        return rpc_error(rid, INVALID_REQUEST, f"Invalid Request: {field((where,))}: {err['msg']}")
-    return rpc_error(rid, INVALID_REQUEST, "Invalid Request: the message could not be read")
+    errors = reported([(field(path), problem) for path, problem in found])
+    message = f"{errors[0]['field']}: {errors[0]['problem']}"
+    if all(path[:1] == ("params",) for path, _ in found):
+        envelope = {"error": UsageError(message, code=codes.ARGUMENT_INVALID, details={"errors": errors}).to_dict()}
+        return rpc_error(rid, INVALID_PARAMS, f"Invalid params: {message}", envelope)
+    return rpc_error(rid, INVALID_REQUEST, f"Invalid Request: {message}")
 
 
 def claim_stdin() -> tuple[BinaryIO, Callable[[], None] | None]:

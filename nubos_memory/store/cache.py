@@ -113,6 +113,22 @@ def _names(gen: str) -> dict[str, str]:
     return {"index": f"index-{gen}.hnsw", "keymap": f"keymap-{gen}.json", "vectors": f"vectors-{gen}.npy"}
 
 
+def _read_keymap(path: Path, sha256: Any, count: int) -> tuple[list[Any], list[Any]]:
+    """The keymap's ids and text hashes, checked against its recorded ``sha256`` and ``count``."""
+    try:
+        raw_keymap = path.read_bytes()
+        if hashlib.sha256(raw_keymap).hexdigest() != sha256:
+            raise ValueError("checksum")
+        km = loads(raw_keymap)
+        ids, hashes = km["ids"], km["hashes"]
+        if not (isinstance(ids, list) and isinstance(hashes, list) and len(ids) == len(hashes) == count):
+            raise ValueError("length")
+    except (OSError, ValueError, KeyError, TypeError):
+        raise StoreError("keymap is corrupt; run memory-rebuild", code=codes.KEYMAP_CORRUPT,
+                         details={"file": path.name}) from None
+    return ids, hashes
+
+
 class DerivedCache:
     """Reads and commits the derived files of one memory folder."""
 
@@ -171,15 +187,8 @@ class DerivedCache:
         self._last = (raw, doc)
         return cast(Manifest, dict(doc))
 
-    def load(self, manifest: Manifest) -> VectorIndex:
-        """Load the generation a manifest names, checking it against the manifest."""
-        count = manifest["covers"]["count"]
-        dim = manifest["embedding"].get("dim")
-        ef = int(manifest.get("hnsw", {}).get("ef_search", 100))
-        if count == 0:
-            return VectorIndex([], [], np.zeros((0, dim or 1), dtype=np.float32), None, ef)
-        files = manifest.get("files") or {}
-        paths = {k: self.folder / str(v.get("name", "")) for k, v in files.items() if isinstance(v, dict)}
+    def _check_files(self, paths: dict[str, Path], files: dict[str, Any]) -> None:
+        """Each derived file the manifest names is there, a plain file, of the size it recorded."""
         for key in ("index", "keymap", "vectors") if self.graph else ("keymap", "vectors"):
             path = paths.get(key)
             if path is None or path.name != Path(path.name).name or not path.is_file():
@@ -193,18 +202,19 @@ class DerivedCache:
                                  code=_CORRUPT[key],
                                  details={"file": path.name, "bytes": path.stat().st_size,
                                           "expected": files[key].get("bytes")})
+
+    def load(self, manifest: Manifest) -> VectorIndex:
+        """Load the generation a manifest names, checking it against the manifest."""
+        count = manifest["covers"]["count"]
+        dim = manifest["embedding"].get("dim")
+        ef = int(manifest.get("hnsw", {}).get("ef_search", 100))
+        if count == 0:
+            return VectorIndex([], [], np.zeros((0, dim or 1), dtype=np.float32), None, ef)
+        files = manifest.get("files") or {}
+        paths = {k: self.folder / str(v.get("name", "")) for k, v in files.items() if isinstance(v, dict)}
+        self._check_files(paths, files)
         ours = manifest.get("generation") == self.written  # hashed as we wrote it, under the lock
-        try:
-            raw_keymap = paths["keymap"].read_bytes()
-            if hashlib.sha256(raw_keymap).hexdigest() != files["keymap"].get("sha256"):
-                raise ValueError("checksum")
-            km = loads(raw_keymap)
-            ids, hashes = km["ids"], km["hashes"]
-            if not (isinstance(ids, list) and isinstance(hashes, list) and len(ids) == len(hashes) == count):
-                raise ValueError("length")
-        except (OSError, ValueError, KeyError, TypeError):
-            raise StoreError("keymap is corrupt; run memory-rebuild", code=codes.KEYMAP_CORRUPT,
-                             details={"file": paths["keymap"].name}) from None
+        ids, hashes = _read_keymap(paths["keymap"], files["keymap"].get("sha256"), count)
         try:
             if not ours and file_sha256(paths["vectors"]) != files["vectors"].get("sha256"):
                 raise ValueError("checksum")
