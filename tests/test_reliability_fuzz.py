@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from nubos_memory import errors
 
-from .conftest import HEAVY, REPO, run_cli, write_config
+from .conftest import HEAVY, run_cli, write_config
 
 pytestmark = pytest.mark.reliability
 
@@ -28,20 +28,11 @@ SETTINGS = {"deadline": None, "suppress_health_check": list(HealthCheck), "deran
 
 
 def _known_codes() -> re.Pattern[str]:
-    """Every error code the package can produce, read from its source (f-string parts become wildcards)."""
-    codes = set()
-    for path in (REPO / "nubos_memory").rglob("*.py"):
-        for m in re.finditer(r'code=f?"([a-z{}_.\[\]\'-]+)"', path.read_text()):
-            codes.add(re.sub(r"\{[^}]*\}", "[a-z-]+", m.group(1)))
-        for m in re.finditer(r'default_code = "([a-z-]+)"', path.read_text()):
-            codes.add(m.group(1))
-        for m in re.finditer(r'"code": "([a-z-]+)"', path.read_text()):
-            codes.add(m.group(1))
-        for m in re.finditer(r'_Fail\(\s*f?"([a-z{}_-]+)"', path.read_text()):  # record validation
-            codes.add(re.sub(r"\{[^}]*\}", "[a-z-]+", m.group(1)))
-    codes.update({"record-invalid-[a-z-]+", "record-missing-[a-z-]+"})
-    codes.discard("internal-error")
-    return re.compile("(" + "|".join(sorted(codes)) + r")\Z")
+    """Every error code the package can produce: its catalogue (``codes.py``; tests/test_error_codes.py
+    holds every raise site to it)."""
+    from nubos_memory.codes import CATALOGUE
+
+    return re.compile("(" + "|".join(sorted(re.escape(c) for c in CATALOGUE if c != "internal-error")) + r")\Z")
 
 
 CODES = _known_codes()
