@@ -83,6 +83,10 @@ RECORD_INVALID_CHUNK_INDEX = _code("record-invalid-chunk-index", "chunk_index is
 RECORD_INVALID_IMPORTANCE = _code("record-invalid-importance", "importance is not a number from 0 to 1")
 RECORD_INVALID_SUPERSEDES = _code("record-invalid-supersedes", "supersedes is not a record id, or names the "
                                   "record itself")
+RECORD_INVALID_ANCHORS = _code("record-invalid-anchors", "anchors are not a list of code citations inside the "
+                               "project (PATH or PATH:START-END of a readable file)")
+RECORD_INVALID_GIT = _code("record-invalid-git", "git is not an object of branch, commit and worktree strings")
+RECORD_INVALID_VALID_UNTIL = _code("record-invalid-valid-until", "valid_until is not an ISO-8601 time with a time zone")
 RECORD_TOO_LARGE = _code("record-too-large", "a title, body or other field is longer than its limit")
 RECORD_ONLY_REASONING = _code("record-only-reasoning", "a record held only reasoning blocks (think, "
                               "scratch_pad); nothing is stored")

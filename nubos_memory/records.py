@@ -5,7 +5,11 @@ written; v2 added optional ones, written only when set, so every v1 record is
 still a valid v2 record::
 
     {"id", "type", "phase", "title", "body", "tags", "provenance", "created_at",
-     "source_file"?, "chunk_index"?, "heading"?, "importance"?, "supersedes"?}
+     "source_file"?, "chunk_index"?, "heading"?, "importance"?, "supersedes"?,
+     "anchors"?, "git"?, "valid_until"?}
+
+``anchors`` cite code (``api/anchors.py`` stamps and checks them); ``git`` is where a record was
+written (branch, commit, worktree); ``valid_until`` retires a record by itself from that time on.
 
 Every field error has its own stable code (``record-invalid-type``,
 ``record-missing-title``, ...) and names the record by its position in the
@@ -52,7 +56,11 @@ __all__ = ["EMBED_TEMPLATE", "FIELDS", "ID_PATTERN", "MAX_BODY", "MAX_REASON", "
 
 SCHEMA_VERSION = 2
 FIELDS = ("id", "type", "phase", "title", "body", "tags", "provenance", "created_at")
-OPTIONAL_FIELDS = ("source_file", "chunk_index", "heading", "importance", "supersedes")
+OPTIONAL_FIELDS = ("source_file", "chunk_index", "heading", "importance", "supersedes", "anchors", "git",
+                   "valid_until")
+MAX_ANCHORS = 32
+ANCHOR_KEYS = ("path", "lines", "sha", "head", "commit")
+GIT_KEYS = ("branch", "commit", "worktree")
 
 # The text embedded for a record; the manifest records this description, so a change of the rule
 # is a change of fingerprint (adr/0002 has the data that chose it).
@@ -245,6 +253,75 @@ def _optional(raw: dict[str, Any], out: dict[str, Any]) -> None:
             raise _Fail(codes.RECORD_INVALID_SUPERSEDES, "supersedes must be the id of the record this one replaces",
                         "supersedes")
         out["supersedes"] = replaces
+    _about_the_code(raw, out)
+
+
+def _about_the_code(raw: dict[str, Any], out: dict[str, Any]) -> None:
+    """The fields that tie a record to the code and to time: anchors, git, valid_until."""
+    if raw.get("anchors") is not None:
+        out["anchors"] = _anchors(raw["anchors"])
+    if raw.get("git") is not None:
+        out["git"] = _git(raw["git"])
+    if raw.get("valid_until") is not None:
+        out["valid_until"] = _time(raw["valid_until"], codes.RECORD_INVALID_VALID_UNTIL, "valid_until")
+
+
+def _anchor(value: Any) -> dict[str, Any]:
+    """One anchor: ``PATH`` / ``PATH:START-END`` (a write's shorthand) or ``{path, lines?, ...}``."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"(.+?)(?::(\d+)(?:-(\d+))?)?", value.strip())
+        value = {"path": m.group(1)} if m else {}
+        if m and m.group(2):
+            value["lines"] = [int(m.group(2)), int(m.group(3) or m.group(2))]
+    if not isinstance(value, dict) or set(value) - set(ANCHOR_KEYS):
+        raise _Fail(codes.RECORD_INVALID_ANCHORS, f"an anchor is PATH, PATH:START-END or an object of "
+                    f"{list(ANCHOR_KEYS)}", "anchors")
+    path = value.get("path")
+    if (not isinstance(path, str) or not path.strip() or len(path) > MAX_SOURCE or _CONTROL.search(path)
+            or path.startswith(("/", "\\")) or ".." in path.replace("\\", "/").split("/")):
+        raise _Fail(codes.RECORD_INVALID_ANCHORS, "an anchor's path is relative to the project root and stays inside "
+                    "it (no '..', not absolute)", "anchors")
+    out: dict[str, Any] = {"path": path}
+    lines = value.get("lines")
+    if lines is not None:
+        if (not isinstance(lines, list) or len(lines) != 2 or any(isinstance(n, bool) or not isinstance(n, int)
+                                                                   for n in lines) or not 1 <= lines[0] <= lines[1]):
+            raise _Fail(codes.RECORD_INVALID_ANCHORS, "an anchor's lines are [START, END], 1 <= START <= END",
+                        "anchors")
+        out["lines"] = list(lines)
+    for key in ("sha", "head", "commit"):
+        got = value.get(key)
+        if got is not None:
+            if not isinstance(got, str) or not re.fullmatch(r"[0-9a-f]{1,64}", got):
+                raise _Fail(codes.RECORD_INVALID_ANCHORS, f"an anchor's {key} is a hex digest", "anchors")
+            out[key] = got
+    return out
+
+
+def _anchors(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or len(value) > MAX_ANCHORS:
+        raise _Fail(codes.RECORD_INVALID_ANCHORS, f"anchors are a list of at most {MAX_ANCHORS}", "anchors")
+    return [_anchor(a) for a in value]
+
+
+def _git(value: Any) -> dict[str, str | None]:
+    if (not isinstance(value, dict) or set(value) - set(GIT_KEYS)
+            or any(v is not None and (not isinstance(v, str) or len(v) > MAX_SOURCE or _CONTROL.search(v))
+                   for v in value.values())):
+        raise _Fail(codes.RECORD_INVALID_GIT, f"git is an object of {list(GIT_KEYS)} (strings or null)", "git")
+    return {k: value.get(k) for k in GIT_KEYS}
+
+
+def _time(value: Any, code: str, field: str) -> str:
+    if not isinstance(value, str) or len(value) > 64:
+        raise _Fail(code, f"{field} must be an ISO-8601 string", field)
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise _Fail(code, f"{field} {value!r} is not ISO-8601", field) from None
+    if parsed.tzinfo is None:
+        raise _Fail(code, f"{field} must carry a time zone (e.g. Z)", field)
+    return value
 
 
 def _created_at(value: Any, stored: bool) -> str | None:

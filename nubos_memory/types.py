@@ -26,6 +26,9 @@ class Record(TypedDict):
     heading: NotRequired[str]
     importance: NotRequired[float]
     supersedes: NotRequired[str]
+    anchors: NotRequired[list[dict[str, Any]]]  # code it cites: {path, lines?, sha, head, commit?} (api/anchors.py)
+    git: NotRequired[dict[str, str | None]]  # where it was written: {branch, commit, worktree}
+    valid_until: NotRequired[str]  # ISO-8601: retired by itself from then on (expired)
 
 
 class Embedding(TypedDict, total=False):

@@ -1,0 +1,245 @@
+"""Anchors: what a record says about the code it cites, stamped on write and checked on every read.
+
+A record may cite code: ``anchors: [{"path": "src/net/retry.py", "lines": [40, 58]}]`` (no
+``lines``: the whole file).  On write (:func:`stamp`) each anchor gets ``sha`` (a hash of the cited
+text, normalised for whitespace: every line stripped and its inner runs of blanks made one space),
+``head`` (the hash of its first normalised line, to find it again) and, inside git, ``commit`` (the
+HEAD it was written at).  On read (:class:`AnchorCheck`) each anchor of each hit is one of:
+
+* ``verified``: the cited text is where it was (same lines, same normalised text; for a whole-file
+  anchor: the same normalised file);
+* ``moved``: the same normalised lines are elsewhere in the same file, or in the file git says the
+  cited one was renamed to since ``commit`` (the new ``path`` and ``lines`` are given);
+* ``drifted``: the file is there, the cited text is not (found nowhere in it);
+* ``missing``: the file is gone (and git knows no rename of it).
+
+A hit's ``freshness`` is the worst of its anchors' (verified < moved < drifted < missing), or
+``unanchored``.  Paths are relative to the project root and stay inside it: a path that leads out of
+it (``..``, an absolute path, a symlink pointing outside) is refused on write and reads as
+``missing``.  Files are read once per identity (size, mtime): a warm process checks a hit whose
+files did not change without reading them again.  Nothing a check finds is ever written to the log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import codes
+from ..errors import InputError
+
+FRESHNESS = ("verified", "moved", "drifted", "missing")  # best to worst
+MAX_ANCHORS = 32
+MAX_ANCHOR_FILE = 8 << 20  # bytes of a cited file read (a larger one reads as drifted: not checked line by line)
+_SPACES = re.compile(r"\s+")
+_SPEC = re.compile(r"^(?P<path>.+?)(?::(?P<start>\d+)(?:-(?P<end>\d+))?)?$")
+
+
+def normalise(line: str) -> str:
+    return _SPACES.sub(" ", line.strip())
+
+
+def digest(lines: list[str]) -> str:
+    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def parse_spec(text: str) -> dict[str, Any]:
+    """``PATH``, ``PATH:LINE`` or ``PATH:START-END`` (``--anchor``) as an anchor object."""
+    m = _SPEC.match(text.strip())
+    if not m or not m.group("path"):
+        raise InputError(f"an anchor is PATH or PATH:START-END, not {text[:200]!r}", code=codes.RECORD_INVALID_ANCHORS,
+                         details={"anchor": text[:200]})
+    out: dict[str, Any] = {"path": m.group("path")}
+    if m.group("start"):
+        start = int(m.group("start"))
+        out["lines"] = [start, int(m.group("end") or start)]
+    return out
+
+
+def inside(root: Path, rel: str) -> Path | None:
+    """``root/rel`` if it stays inside ``root`` once links are followed; None otherwise."""
+    if not rel or rel.startswith(("/", "\\")) or "\x00" in rel:
+        return None
+    base = root.resolve()
+    try:
+        target = (base / rel).resolve()
+        target.relative_to(base)
+    except (OSError, ValueError, RuntimeError):
+        return None
+    return target
+
+
+def git(root: Path, *args: str) -> str | None:
+    """``git -C root args``'s stdout, or None (no git, not a repository, an error)."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                              env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+@dataclass
+class _File:
+    """A cited file as last read: its identity and its normalised lines."""
+
+    key: tuple[int, int]
+    lines: list[str]
+    heads: dict[str, list[int]]  # hash of a normalised line -> the 1-based numbers it is on
+
+
+class AnchorCheck:
+    """Stamps anchors on write and checks them on read, for one project (see the module docstring)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._files: dict[str, _File | None] = {}
+        self._renames: dict[tuple[str, str], str | None] = {}
+        self._head: tuple[float, str | None] | None = None
+
+    # -- files --------------------------------------------------------------------------------
+    def read(self, rel: str) -> _File | None:
+        """The file's normalised lines, read again only when its size or mtime changed."""
+        path = inside(self.root, rel)
+        if path is None:
+            return None
+        try:
+            st = path.stat()
+        except OSError:
+            self._files.pop(rel, None)
+            return None
+        key = (st.st_size, st.st_mtime_ns)
+        known = self._files.get(rel)
+        if known is not None and known.key == key:
+            return known
+        if not path.is_file() or st.st_size > MAX_ANCHOR_FILE:
+            return None
+        try:
+            text = path.read_bytes().decode("utf-8", "replace")
+        except OSError:
+            return None
+        lines = [normalise(x) for x in text.splitlines()]
+        heads: dict[str, list[int]] = {}
+        for number, line in enumerate(lines, start=1):
+            heads.setdefault(digest([line]), []).append(number)
+        found = _File(key, lines, heads)
+        self._files[rel] = found
+        return found
+
+    def commit(self) -> str | None:
+        """The current HEAD (asked of git at most once a second)."""
+        import time
+
+        now = time.monotonic()
+        if self._head is None or now - self._head[0] > 1.0:
+            out = git(self.root, "rev-parse", "--verify", "-q", "HEAD")
+            self._head = (now, out.strip() if out else None)
+        return self._head[1]
+
+    # -- write ----------------------------------------------------------------------------------
+    def stamp(self, anchors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Anchors as stored: each with the hash of what it cites now (``record-invalid-anchors`` for
+        a path outside the project, a file that is not there, or lines past its end)."""
+        commit = self.commit()
+        out = []
+        for anchor in anchors:
+            rel = anchor["path"]
+            found = self.read(rel)
+            if found is None:
+                raise InputError(f"anchor {rel!r} is not a readable file inside the project",
+                                 code=codes.RECORD_INVALID_ANCHORS, details={"path": rel[:200]})
+            lines = anchor.get("lines")
+            cited = found.lines if lines is None else found.lines[lines[0] - 1:lines[1]]
+            if lines is not None and lines[1] > len(found.lines):
+                raise InputError(f"anchor {rel}:{lines[0]}-{lines[1]} runs past the end of the file "
+                                 f"({len(found.lines)} lines)", code=codes.RECORD_INVALID_ANCHORS,
+                                 details={"path": rel[:200], "lines": lines, "file_lines": len(found.lines)})
+            stamped: dict[str, Any] = {"path": rel}
+            if lines is not None:
+                stamped["lines"] = list(lines)
+            stamped["sha"] = digest(cited)
+            stamped["head"] = digest(cited[:1])
+            if commit is not None:
+                stamped["commit"] = commit
+            out.append(stamped)
+        return out
+
+    # -- read -----------------------------------------------------------------------------------
+    def check(self, anchor: dict[str, Any]) -> dict[str, Any]:
+        """One stored anchor's status now (see the module docstring)."""
+        rel, lines = anchor["path"], anchor.get("lines")
+        out: dict[str, Any] = {"path": rel, **({"lines": lines} if lines is not None else {})}
+        found = self.read(rel)
+        if found is None:
+            renamed = self.renamed(rel, anchor.get("commit"))
+            moved = self.locate(renamed, anchor) if renamed is not None else None
+            if moved is not None:
+                return {**out, "status": "moved", "now": {"path": renamed, **moved}}
+            return {**out, "status": "drifted" if renamed is not None else "missing",
+                    **({"now": {"path": renamed}} if renamed is not None else {})}
+        if lines is None:
+            return {**out, "status": "verified" if digest(found.lines) == anchor.get("sha") else "drifted"}
+        if digest(found.lines[lines[0] - 1:lines[1]]) == anchor.get("sha"):
+            return {**out, "status": "verified"}
+        moved = self.locate(rel, anchor)
+        if moved is not None:
+            return {**out, "status": "moved", "now": {"path": rel, **moved}}
+        return {**out, "status": "drifted"}
+
+    def locate(self, rel: str, anchor: dict[str, Any]) -> dict[str, Any] | None:
+        """Where the anchor's cited lines are in ``rel`` now (``{"lines": [a, b]}``), if anywhere."""
+        lines = anchor.get("lines")
+        found = self.read(rel)
+        if found is None:
+            return None
+        if lines is None:
+            return {} if digest(found.lines) == anchor.get("sha") else None
+        size = lines[1] - lines[0] + 1
+        for start in found.heads.get(anchor.get("head") or "", []):
+            if digest(found.lines[start - 1:start - 1 + size]) == anchor.get("sha"):
+                return {"lines": [start, start + size - 1]}
+        return None
+
+    def renamed(self, rel: str, commit: Any) -> str | None:
+        """The path git says ``rel`` was renamed to since ``commit`` (None: no rename known)."""
+        head = self.commit()
+        if not isinstance(commit, str) or head is None:
+            return None
+        key = (rel, f"{commit}..{head}")
+        if key not in self._renames:
+            out = git(self.root, "diff", "--name-status", "-M", commit, "--", ".")
+            target = None
+            for row in (out or "").splitlines():
+                parts = row.split("\t")
+                if len(parts) == 3 and parts[0].startswith("R") and parts[1] == rel:
+                    target = parts[2]
+            self._renames[key] = target
+        return self._renames[key]
+
+    def freshness(self, anchors: list[dict[str, Any]] | None) -> tuple[str, list[dict[str, Any]]]:
+        """A record's freshness (the worst of its anchors) and each anchor's check."""
+        if not anchors:
+            return "unanchored", []
+        checked = [self.check(a) for a in anchors]
+        return max((c["status"] for c in checked), key=FRESHNESS.index), checked
+
+
+def describe(hit_anchors: list[dict[str, Any]]) -> list[str]:
+    """What changed, in words, for the markdown block (one line per anchor that is not verified)."""
+    out = []
+    for a in hit_anchors:
+        where = a["path"] + (f":{a['lines'][0]}-{a['lines'][1]}" if a.get("lines") else "")
+        if a["status"] == "moved":
+            now = a.get("now") or {}
+            to = now.get("path", a["path"]) + (f":{now['lines'][0]}-{now['lines'][1]}" if now.get("lines") else "")
+            out.append(f"cites {where}, which moved to {to}")
+        elif a["status"] == "drifted":
+            out.append(f"cites {where}, which changed since this was written")
+        elif a["status"] == "missing":
+            out.append(f"cites {where}, which no longer exists")
+    return out
