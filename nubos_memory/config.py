@@ -17,7 +17,7 @@ from typing import Any
 from . import codes
 from .errors import ConfigError
 from .fsio import JSONDecodeError, loads, read_regular
-from .limits import BACKENDS, BASE_TYPES, CONTEXTS, DEFAULT_MODEL, DEVICES, FUSIONS, PROVIDERS, RUNTIMES
+from .limits import BACKENDS, BASE_TYPES, CONTEXTS, DEFAULT_MODEL, DEVICES, FUSIONS, PROVIDERS, RUNTIMES, WORKTREES
 
 STATE_DIR = ".nubos-pilot"
 CONFIG_FILE = "config.json"
@@ -28,7 +28,8 @@ ROOT_ENV = "NUBOS_PILOT_ROOT"
 
 # Settings whose value is one of a fixed set (limits.py holds the sets).
 CHOICES: dict[str, tuple[str, ...]] = {"provider": PROVIDERS, "fusion": FUSIONS, "context": CONTEXTS,
-                                       "runtime": RUNTIMES, "device": DEVICES, "backend": BACKENDS}
+                                       "runtime": RUNTIMES, "device": DEVICES, "backend": BACKENDS,
+                                       "worktrees": WORKTREES}
 DSN_ENV = "NUBOS_MEMORY_DSN"
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -69,8 +70,10 @@ class MemoryConfig:
     hnsw_ef_construction: int = 200
     hnsw_ef_search: int = 100
     near_duplicate: float | None = 0.90  # cosine at which a new record is a near duplicate (adr/0009); null: off
+    stale_factor: float = 0.5  # a hit whose cited code drifted or is missing scores this much of itself (adr/0016)
     backend: str = "files"  # where the memory lives: files (.nubos-pilot/memory/) or postgres (adr/0014)
     postgres: PostgresConfig = field(default_factory=PostgresConfig)
+    worktrees: str = "shared"  # files: also read the records of the repository's other git worktrees; "own": not
 
     @property
     def record_types(self) -> tuple[str, ...]:
@@ -137,7 +140,7 @@ def dsn_env_name() -> str:
 _RANGES: dict[str, tuple[float, float, bool]] = {
     "alpha": (0.0, 1.0, False), "threshold": (-1.0, 1.0, False), "lock_timeout": (0.0, 3600.0, False),
     "candidates": (1, 10_000, True), "max_pending_embed": (0, 1_000_000, True), "hnsw_m": (2, 128, True),
-    "hnsw_ef_construction": (1, 10_000, True), "hnsw_ef_search": (1, 10_000, True),
+    "hnsw_ef_construction": (1, 10_000, True), "hnsw_ef_search": (1, 10_000, True), "stale_factor": (0.0, 1.0, False),
 }
 
 
@@ -195,6 +198,7 @@ class Project:
     root: Path
     config: MemoryConfig = field(default_factory=MemoryConfig)
     config_found: bool = False
+    found: str = "given"  # how the root was found: flag (--root), environment (NUBOS_PILOT_ROOT), current folder
 
     @property
     def state_dir(self) -> Path:
@@ -257,10 +261,11 @@ def read_config_file(path: Path) -> dict[str, Any] | None:
 def load_project(root: str | os.PathLike[str] | None = None) -> Project:
     """Find the project and validate its memory config."""
     path = find_root(root)
+    found = "flag" if root is not None else "environment" if os.environ.get(ROOT_ENV) else "current folder"
     cfg_path = path / STATE_DIR / CONFIG_FILE
     doc = read_config_file(cfg_path)
     if doc is None:
-        return Project(root=path)
+        return Project(root=path, found=found)
     section = doc.get("memory", {})
     if not isinstance(section, dict):
         raise _bad("(section)", section, "an object")
@@ -269,7 +274,7 @@ def load_project(root: str | os.PathLike[str] | None = None) -> Project:
     except ConfigError as exc:
         exc.details.setdefault("path", str(cfg_path))
         raise
-    return Project(root=path, config=config, config_found=True)
+    return Project(root=path, config=config, config_found=True, found=found)
 
 
 def check_model_location(model: str, root: Path) -> None:

@@ -62,14 +62,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from . import codes
 from .fsio import JSONDecodeError, dumps, loads
 from .limits import MAX_REASON
-from .records import now_iso, read_record
+from .records import now_iso, read_record, valid_anchors
 from .types import Record
 
 MAX_LINE = 1 << 20  # bytes; a longer line is reported, never parsed
@@ -187,8 +188,23 @@ def redact_lines(lines: list[bytes], ids: set[str], reason: str,
 
 
 def same_content(a: Record, b: Record) -> bool:
-    """Whether two lines hold the same record, when written at different times (``created_at``)."""
-    return {k: v for k, v in a.items() if k != "created_at"} == {k: v for k, v in b.items() if k != "created_at"}
+    """Whether two lines hold the same record, when written at different times (``created_at``), at
+    different places in git (``git``: one note ingested by two teammates on two commits) or with their
+    anchors since updated (``memory-verify --update``)."""
+    return ({k: v for k, v in a.items() if k not in ("created_at", "git", "anchors")}
+            == {k: v for k, v in b.items() if k not in ("created_at", "git", "anchors")})
+
+
+def anchor_op(rid: str, anchors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The log line that records where a record's cited code is now (``memory-verify --update``)."""
+    return {"op": "anchor", "id": rid, "anchors": anchors, "at": now_iso()}
+
+
+def _reanchor(scan: LogScan, op: dict[str, Any], number: int) -> None:
+    """A live record's anchors as ``memory-verify --update`` found them (the record line is unchanged)."""
+    target = scan.live(op["id"])
+    if target is not None:
+        scan.records[target] = cast(Record, {**scan.records[target], "anchors": op["anchors"]})
 
 
 def _excerpt(raw: bytes) -> str:
@@ -205,8 +221,52 @@ def _gid(obj: dict[str, Any]) -> str | None:
     return gid if isinstance(gid, str) else None
 
 
+def _has_id(obj: dict[str, Any]) -> bool:
+    return type(obj.get("id")) is str and bool(obj["id"])
+
+
+def _group_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
+    count = obj.get("lines")
+    if type(count) is int and 0 < count <= MAX_GROUP:
+        return "group", obj, None
+    return "corrupt", None, "group: lines must be a positive integer"
+
+
+def _forget_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
+    return ("forget", obj, None) if _has_id(obj) else ("corrupt", None, "forget: id must be a non-empty string")
+
+
+def _redact_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
+    if _has_id(obj) and type(obj.get("line_sha256")) is str:
+        return "redact", obj, None
+    return "corrupt", None, "redact: id and line_sha256 must be strings"
+
+
+def _anchor_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
+    anchors = valid_anchors(obj.get("anchors"))
+    if _has_id(obj) and anchors is not None:
+        return "anchor", {**obj, "anchors": anchors}, None
+    return "corrupt", None, "anchor: id must be a string and anchors a list of anchors"
+
+
+def _end_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
+    return obj["op"], obj, None  # commit or rollback
+
+
+_OPS: dict[str, Callable[[dict[str, Any]], tuple[str, Any, str | None]]] = {
+    "group": _group_op, "forget": _forget_op, "redact": _redact_op, "anchor": _anchor_op, "commit": _end_op,
+    "rollback": _end_op}
+
+
+def _classify_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
+    """An operation line: its kind, by the table of known operations."""
+    op = obj.get("op")
+    read = _OPS.get(op) if isinstance(op, str) else None
+    return read(obj) if read is not None else ("corrupt", None, f"unknown op {str(op)[:40]!r}")
+
+
 def classify(raw: bytes) -> tuple[str, Any, str | None]:
-    """``(kind, parsed, reason)``: kind is record, forget, group, commit, rollback or corrupt."""
+    """``(kind, parsed, reason)``: kind is record, forget, redact, anchor, group, commit, rollback or corrupt."""
     if len(raw) > MAX_LINE:
         return "corrupt", None, f"line longer than {MAX_LINE} bytes"
     try:
@@ -214,23 +274,7 @@ def classify(raw: bytes) -> tuple[str, Any, str | None]:
     except JSONDecodeError as exc:
         return "corrupt", None, "invalid UTF-8" if "utf-8" in str(exc).lower() else "invalid JSON"
     if type(obj) is dict and "op" in obj:
-        op = obj.get("op")
-        if op == "group":
-            count = obj.get("lines")
-            if type(count) is int and 0 < count <= MAX_GROUP:
-                return "group", obj, None
-            return "corrupt", None, "group: lines must be a positive integer"
-        if op in ("commit", "rollback"):
-            return op, obj, None
-        if op == "forget":
-            if type(obj.get("id")) is str and obj["id"]:
-                return "forget", obj, None
-            return "corrupt", None, "forget: id must be a non-empty string"
-        if op == "redact":
-            if type(obj.get("id")) is str and obj["id"] and type(obj.get("line_sha256")) is str:
-                return "redact", obj, None
-            return "corrupt", None, "redact: id and line_sha256 must be strings"
-        return "corrupt", None, f"unknown op {str(op)[:40]!r}"
+        return _classify_op(obj)
     rec, err = read_record(obj)
     if err is not None:
         return "corrupt", None, f"{err['code']}: {err['message']}"
@@ -371,8 +415,8 @@ def _apply(scan: LogScan, kind: str, obj: Any, reason: str | None, number: int, 
         _record(scan, obj, number)
         if redactions is not None and scan.position.get(obj["id"]) == len(scan.records) - 1:
             scan.redaction_checked.add(len(scan.records) - 1)  # redacted before, other content: a new record
-    elif kind == "forget":
-        _forget(scan, obj, number)
+    elif kind in ("forget", "anchor"):
+        (_forget if kind == "forget" else _reanchor)(scan, obj, number)
         scan.ops += 1
     elif kind == "redact":
         _note_redaction(scan, obj)
@@ -437,6 +481,21 @@ def _forget(scan: LogScan, op: dict[str, Any], number: int) -> None:
         why = reason[:MAX_REASON] if isinstance(reason, str) else "forgotten"
         scan.dead[target] = {"line": number, "reason": why, "at": op.get("at")}
         scan.deaths.append(target)
+
+
+def retired_at(scan: LogScan, pos: int) -> str | None:
+    """When the record at ``pos`` was retired (ISO-8601), None while it is live or when the log does
+    not say: a tombstone's ``at``; for a supersede, the superseding record's ``created_at``."""
+    info = scan.dead.get(pos)
+    if info is None:
+        return None
+    if info.get("reason") == "superseded":
+        by = bisect_left(scan.line_of, info["line"])  # the record line that replaced it
+        found = by < len(scan.records) and scan.line_of[by] == info["line"]
+        at = scan.records[by].get("created_at") if found else None
+    else:
+        at = info.get("at")
+    return at if isinstance(at, str) else None
 
 
 def frame(records: Sequence[Record], ops: Sequence[dict[str, Any]] = ()) -> list[bytes]:

@@ -90,11 +90,12 @@ class Param:
     metavar: str | None = None
     append: bool = False  # a repeatable flag (--include A --include B)
     time: bool = False  # a string that must be an ISO-8601 time with a zone (``records.iso_to_epoch``)
+    cli_flag: str | None = None  # the command line's flag where it is not ``--`` + the name (``--anchor``)
     invalid: tuple[str, str] | None = None  # (code, message) when :func:`check` refuses a value
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return self.cli_flag or "--" + self.name.replace("_", "-")
 
     @property
     def for_tool(self) -> Any:
@@ -159,6 +160,11 @@ ADD = (
           text=RECORD_ID),
     Param("importance", float, "0..1; reorders near-ties in results (default: unset)",
           "0..1; nudges ranking between near-equal hits (0.5 is neutral).", ge=0, le=1),
+    Param("anchors", list, "code this record cites, PATH or PATH:START-END relative to the project root "
+          "(repeatable); checked on every read", "Code this memory is about, each \"PATH\" or \"PATH:START-END\" "
+          "relative to the project root, e.g. [\"src/net/retry.py:40-58\"]. Every recall says whether that code is "
+          "still there (verified, moved, drifted, missing).", append=True, cli_flag="--anchor", metavar="PATH[:A-B]",
+          text=Text(1, 1100), max_items=32),
     FORCE_ADD,
 )
 
@@ -185,6 +191,11 @@ QUERY = (
     Param("since", str, "only records created at or after this ISO-8601 time, e.g. 2026-11-01T00:00:00Z",
           "Only records created at or after this time (ISO-8601 with a zone), e.g. \"2026-11-01T00:00:00Z\".",
           time=True, invalid=(codes.QUERY_INVALID_SINCE, "since must be an ISO-8601 time with a zone, e.g. "
+                              "2026-11-01T00:00:00Z")),
+    Param("as_of", str, "answer from the memory as it stood at this ISO-8601 time (records created by then, "
+          "not yet retired or expired)", "Answer from the memory as it stood at this time (ISO-8601 with a zone), "
+          "e.g. \"2026-11-01T00:00:00Z\": records created by then and not yet retired or expired then.",
+          time=True, invalid=(codes.QUERY_INVALID_AS_OF, "as_of must be an ISO-8601 time with a zone, e.g. "
                               "2026-11-01T00:00:00Z")),
     Param("explain", bool, "show each hit's score parts", "Add each hit's per-side scores and ranks.", default=False),
     Param("no_collapse", bool, "list near duplicates as separate hits (default: the newest of them, counted)",
@@ -243,9 +254,13 @@ INDEX = (
     Param("force", bool, "store exact duplicates of live records too", default=False),
 )
 PRUNE = (
-    Param("unused_for", str, "window such as 90d, 12h or 2w", required=True),
+    Param("unused_for", str, "window such as 90d, 12h or 2w"),
+    Param("anchors_missing", bool, "instead: retire records all of whose cited files are gone (memory-verify "
+          "lists them)", default=False),
     Param("dry_run", bool, "report what would be retired, retire nothing", default=False),
 )
+VERIFY = (Param("update", bool, "record where moved code is now (an append-only log operation per record)",
+                default=False),)
 DROP_NAMESPACE = (
     Param("namespace", str, "the namespace to delete (memory-namespaces lists them)", required=True,
           cli="positional", metavar="NAMESPACE"),

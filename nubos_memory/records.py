@@ -298,6 +298,14 @@ def _anchor(value: Any) -> dict[str, Any]:
     return out
 
 
+def valid_anchors(value: Any) -> list[dict[str, Any]] | None:
+    """``value`` as stored anchors, or None when it is not a list of valid ones (the log's ``anchor`` op)."""
+    try:
+        return _anchors(value)
+    except _Fail:
+        return None
+
+
 def _anchors(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or len(value) > MAX_ANCHORS:
         raise _Fail(codes.RECORD_INVALID_ANCHORS, f"anchors are a list of at most {MAX_ANCHORS}", "anchors")

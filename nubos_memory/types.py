@@ -82,6 +82,8 @@ class Hit(TypedDict):
     record: Record
     collapsed: NotRequired[dict[str, Any]]
     explain: NotRequired[dict[str, Any]]
+    freshness: NotRequired[str]  # verified | moved | drifted | missing | unanchored (api/anchors.py)
+    anchors: NotRequired[list[dict[str, Any]]]  # each cited place, checked now
 
 
 class QueryResult(TypedDict):

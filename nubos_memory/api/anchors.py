@@ -28,10 +28,14 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import codes
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    from ..log import LogScan
+    from ..types import Hit, Record
 
 FRESHNESS = ("verified", "moved", "drifted", "missing")  # best to worst
 MAX_ANCHORS = 32
@@ -227,6 +231,74 @@ class AnchorCheck:
             return "unanchored", []
         checked = [self.check(a) for a in anchors]
         return max((c["status"] for c in checked), key=FRESHNESS.index), checked
+
+
+def stamp_anchors(records: "list[Record]", check: AnchorCheck) -> "list[Record]":
+    """Records as written: each anchor a write brings without a hash is stamped with what it cites now
+    (anchors an import or a replay brings keep their stamps)."""
+    for rec in records:
+        anchors = rec.get("anchors")
+        if anchors and any("sha" not in a for a in anchors):
+            fresh = check.stamp([a for a in anchors if "sha" not in a])
+            stamped = iter(fresh)
+            rec["anchors"] = [a if "sha" in a else next(stamped) for a in anchors]
+    return records
+
+
+def weigh_freshness(hits: "list[Hit]", check: AnchorCheck, factor: float, *, explain: bool = False) -> None:
+    """Each hit's ``freshness`` and its anchors' checks; a hit whose cited code drifted or is missing
+    keeps ``factor`` of its score (its rank follows); ``explain`` shows the factor."""
+    weighed = False
+    for hit in hits:
+        fresh, checked = check.freshness(hit["record"].get("anchors"))
+        hit["freshness"] = fresh
+        if checked:
+            hit["anchors"] = checked
+        stale = fresh in ("drifted", "missing")
+        if stale:
+            hit["score"] = round(hit["score"] * factor, 6)
+            weighed = True
+        if explain and "explain" in hit:
+            hit["explain"]["freshness_factor"] = factor if stale else 1.0
+    if weighed:
+        hits.sort(key=lambda h: -h["score"])
+
+
+def verify_anchors(scan: "LogScan", check: AnchorCheck, listed: int = 500) -> dict[str, Any]:
+    """Every live anchored record checked: counts by freshness, the drifted and missing ones (at most
+    ``listed``), and for the moved ones their anchors where the code is now (``memory-verify``)."""
+    counts = dict.fromkeys(FRESHNESS, 0)
+    stale: list[dict[str, Any]] = []
+    moved: dict[str, list[dict[str, Any]]] = {}
+    anchored = 0
+    for pos, rec in enumerate(scan.records):
+        if pos in scan.dead or not rec.get("anchors"):
+            continue
+        anchored += 1
+        fresh, checked = check.freshness(rec.get("anchors"))
+        counts[fresh] += 1
+        if fresh in ("drifted", "missing"):
+            stale.append({"id": rec["id"], "title": rec["title"], "freshness": fresh, "anchors": checked})
+        if any(c["status"] == "moved" for c in checked):
+            moved[rec["id"]] = relocated(rec.get("anchors") or [], checked, check.commit())
+    stale.sort(key=lambda s: (FRESHNESS.index(s["freshness"]), s["id"]), reverse=True)
+    return {"records": scan.live_count, "anchored": anchored, "freshness": counts, "stale_count": len(stale),
+            "stale": stale[:listed], "moved": moved}
+
+
+def relocated(stored: list[dict[str, Any]], checked: list[dict[str, Any]], commit: str | None
+              ) -> list[dict[str, Any]]:
+    """Stored anchors with each moved one at its new place (same text: same hashes; the commit now)."""
+    out = []
+    for anchor, seen in zip(stored, checked):
+        if seen["status"] == "moved":
+            now = seen.get("now") or {}
+            anchor = {**anchor, "path": now.get("path", anchor["path"]), **({"lines": now["lines"]} if "lines" in now
+                                                                             else {})}
+            if commit is not None:
+                anchor["commit"] = commit
+        out.append(anchor)
+    return out
 
 
 def describe(hit_anchors: list[dict[str, Any]]) -> list[str]:

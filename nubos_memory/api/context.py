@@ -19,6 +19,7 @@ from typing import Any
 
 from ..tokenize import estimate_tokens
 from ..types import Hit, QueryResult, Record
+from .anchors import describe
 
 
 def provenance_label(record: Record) -> str:
@@ -48,7 +49,8 @@ def render_hit(rank: int, hit: Hit) -> str:
         count = folded["count"]
         fold = (f"> {count} older near-duplicate note{'s' if count != 1 else ''} folded into this one (this is the "
                 f"newest): {', '.join(folded['ids'][:5])}{' …' if count > 5 else ''}\n")
-    return (f"### {rank}. {rec['title']}{provenance_label(rec)}\n{' · '.join(facts)}\n{fold}"
+    stale = "".join(f"> ⚠ {line}\n" for line in describe(hit.get("anchors") or []))  # said in words
+    return (f"### {rank}. {rec['title']}{provenance_label(rec)}\n{' · '.join(facts)}\n{fold}{stale}"
             + (f"\n{body}\n" if body else ""))
 
 

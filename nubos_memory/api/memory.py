@@ -29,7 +29,7 @@ from ..embed import Embedder, make_embedder
 from ..errors import DisabledError, InputError, NubosMemoryError, StoreError, UsageError
 from ..fsio import DIR_MODE, atomic_write_bytes, dumps, read_regular
 from ..limits import MAX_ECHO, MAX_GET, MAX_PHASE, MAX_QUERY_CHARS, MAX_REASON
-from ..log import LogScan, read
+from ..log import LogScan, anchor_op, read
 from ..params import QUERY_PARAMS, check
 from ..progress import Reporter, stage
 from ..records import (
@@ -44,6 +44,8 @@ from ..records import (
 )
 from ..search.snapshot import Snapshot
 from ..store import open_store, parse_duration
+from .anchors import AnchorCheck, stamp_anchors, verify_anchors, weigh_freshness
+from .gitstate import GitState
 from .vectorsync import VectorSync
 from .writepath import WritePath, history, settled_scan
 
@@ -114,8 +116,10 @@ class Memory:
         self.snap = Snapshot(self.store)
         self._embedder = embedder
         self.vectors = VectorSync(self.snap, self.store, lambda: self.embedder, self.config)
-        self.writes = WritePath(self.snap, self.store, self.vectors, self.config)
+        self.git = GitState(project.root)  # where in git records are written (asked at most once a second)
+        self.writes = WritePath(self.snap, self.store, self.vectors, self.config, self.git)
         self.notices: list[dict[str, Any]] = []
+        self.anchors = AnchorCheck(project.root)  # cited files are read once per identity (size, mtime)
         self._settle_tried: tuple[Any, int] | None = None
 
     @classmethod
@@ -231,7 +235,7 @@ class Memory:
         duplicates are stored and reported as ``near_duplicates``.
         """
         self.require_enabled()
-        records = validate_batch(raws, self.config.record_types)
+        records = stamp_anchors(validate_batch(raws, self.config.record_types), self.anchors)
         return self.apply(records, verb=verb, force=force, progress=stage(progress, "embedding"))
 
     @_answer
@@ -335,6 +339,7 @@ class Memory:
         track: bool = True,
         collapse: bool = True,
         since: str | None = None,
+        as_of: str | None = None,
     ) -> "QueryResult":
         """Hybrid search (``memory-query``); see ``search/fusion.py`` for the scoring.
 
@@ -343,7 +348,8 @@ class Memory:
         (usage, for ``memory-prune``).  ``collapse`` shows near duplicates as one hit (adr/0009).
         ``phase`` matches that phase and the phases under it (``M001`` finds ``M001-S002-T0001``)
         unless ``phase_exact``.  A ``type`` no record can have is refused with the allowed list.
-        ``since`` (ISO-8601) keeps records created at or after that time.
+        ``since`` (ISO-8601) keeps records created at or after that time.  ``as_of`` (ISO-8601) answers
+        from the memory as it stood then (``search/timeline.py``); its hits are not counted as retrieved.
         """
         from ..search.query import run_query
         from .context import fit_budget
@@ -359,15 +365,16 @@ class Memory:
         alpha = self.config.alpha if alpha is None else alpha
         fusion = fusion or self.config.fusion
         for name, value in (("k", k), ("alpha", alpha), ("fusion", fusion), ("mode", mode),
-                            ("max_tokens", max_tokens), ("since", since)):
+                            ("max_tokens", max_tokens), ("since", since), ("as_of", as_of)):
             check(QUERY_PARAMS[name], value)  # as declared (params.py): the one check of every caller
         self._check_filters(type, phase, tags)
         result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
                            fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact,
-                           since=since)
+                           since=since, as_of=as_of)
+        weigh_freshness(result["hits"], self.anchors, self.config.stale_factor, explain=explain)
         if max_tokens is not None:
             result["hits"], result["budget"] = fit_budget(result["hits"], max_tokens)
-        if track and result["hits"] and not self.store.usage.record([h["id"] for h in result["hits"]]):
+        if track and as_of is None and result["hits"] and not self.store.usage.record([h["id"] for h in result["hits"]]):
             result["warnings"].append({"code": codes.USAGE_NOT_RECORDED,
                                        "message": "could not record this query's hits as retrieved; "
                                                   "retrievals are not counted"})
@@ -431,16 +438,22 @@ class Memory:
         }
 
     @_answer
-    def prune(self, unused_for: str, *, dry_run: bool = False) -> dict[str, Any]:
+    def prune(self, unused_for: str | None = None, *, dry_run: bool = False, anchors_missing: bool = False
+              ) -> dict[str, Any]:
         """Retire never-retrieved records older than the window (``memory-prune``).
 
         A record is retired only if it was created before ``now - window`` and
         has no retrieval on record, and only if usage has been tracked for the
         whole window (otherwise "never retrieved" is not known); records with
         no ``created_at`` are kept.  Retiring appends tombstones (reason
-        ``pruned``): the records stay in the log until ``memory-compact``.
+        ``pruned``): the records stay in the log until ``memory-compact``.  ``anchors_missing`` instead
+        retires the records all of whose cited files are gone (reason ``anchors-missing``).
         """
         self.require_enabled()
+        if anchors_missing or unused_for is None:
+            if unused_for is not None or not anchors_missing:
+                raise UsageError("give --unused-for WINDOW or --anchors-missing (one of them)")
+            return self._prune_unanchored(dry_run)
         window = parse_duration(unused_for)
         cutoff = time.time() - window
         since, usage = self.store.usage.summary()
@@ -473,6 +486,33 @@ class Memory:
         out["retired"] = doomed
         out["count"] = len(doomed)
         return out
+
+    def _prune_unanchored(self, dry_run: bool) -> dict[str, Any]:
+        scan = self.scan()
+        report = verify_anchors(scan, self.anchors)
+        doomed = [s["id"] for s in report["stale"] if all(a["status"] == "missing" for a in s["anchors"])]
+        if doomed and not dry_run:
+            doomed = self.apply(forget=doomed, reason="anchors-missing", verb="memory-prune")["forgotten"]
+        return {"dry_run": dry_run, "anchors_missing": True, "retired": doomed, "count": len(doomed),
+                "warnings": scan.warnings()}
+
+    @_answer
+    def verify(self, *, update: bool = False) -> dict[str, Any]:
+        """Check every live anchored record against the code it cites (``memory-verify``; ``anchors.py``):
+        counts by freshness and the drifted and missing records.  ``update`` records the new place of
+        moved anchors as ``anchor`` operations in the log (one per record, all in one change)."""
+        self.require_enabled()
+        report = verify_anchors(self.scan(), self.anchors)
+        updated: list[str] = []
+        if update and report["moved"]:
+            with self.store.lock("memory-verify"):
+                scan, _ = settled_scan(self.snap, self.store)
+                ops = [anchor_op(rid, anchors) for rid, anchors in report["moved"].items() if scan.live(rid) is not None]
+                if ops:
+                    self.store.append([], ops)
+                updated = [op["id"] for op in ops]
+        moved = report.pop("moved")
+        return {**report, "moved": sorted(moved), "updated": updated, "warnings": self.scan().warnings()}
 
     @_answer
     def ingest(self, paths: list[str], *, include: Sequence[str] = (), exclude: Sequence[str] = (),

@@ -60,6 +60,8 @@ def _add_argument(p: argparse.ArgumentParser, param: "Param") -> None:
             kw["nargs"] = param.nargs
         p.add_argument(param.name, **kw)
         return
+    if param.cli_flag is not None:
+        kw["dest"] = param.name  # the request's key stays the declared name
     kind = param.cli_kind or param.kind
     if kind is bool:
         p.add_argument(param.flag, action="store_true", **kw)

@@ -196,7 +196,7 @@ def _add(ctx: Context, request: Request) -> Any:
     record = {"type": request.get("type"), "title": request.get("title"), "body": body,
               "tags": tags(request.get("tags")), "phase": request.get("phase"),
               "provenance": request.get("provenance")}
-    for key in ("id", "created_at", "supersedes", "importance"):
+    for key in ("id", "created_at", "supersedes", "importance", "anchors"):
         if request.get(key) is not None:
             record[key] = request[key]
     return mem.add(record, force=bool(request.get("force")))
@@ -281,8 +281,14 @@ def _compact(ctx: Context, request: Request) -> Any:
 @verb("memory-prune", "retire never-retrieved records older than a window, e.g. --unused-for 90d", P.PRUNE,
       writes=True)
 def _prune(ctx: Context, request: Request) -> Any:
-    return _memory(ctx, request).prune(request.get("unused_for"),  # type: ignore[arg-type]  # refused there
-                                       dry_run=bool(request.get("dry_run")))
+    return _memory(ctx, request).prune(request.get("unused_for"), dry_run=bool(request.get("dry_run")),
+                                       anchors_missing=bool(request.get("anchors_missing")))
+
+
+@verb("memory-verify", "check every anchored record against the code it cites (verified, moved, drifted, "
+      "missing); --update records where moved code is now", P.VERIFY, writes=True)
+def _verify(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).verify(update=bool(request.get("update")))
 
 
 @verb("memory-rebuild", "rebuild the index, keymap and manifest from records.jsonl", P.REBUILD, writes=True,

@@ -120,7 +120,7 @@ class RecordLog:
             except JSONDecodeError:
                 pass
             kind = classify(torn)[0] if obj is not None else "corrupt"
-            if kind in ("record", "forget", "redact", "commit", "rollback"):
+            if kind in ("record", "forget", "redact", "anchor", "commit", "rollback"):
                 self._append_bytes(b"\n")  # only the newline was lost
                 out.update(action="completed", id=obj.get("id") if kind == "record" else None)
             else:

@@ -1,0 +1,182 @@
+"""Anchors (issue 23): a record that cites code says on every read whether that code is still there.
+
+A real git repository per test; the project root is the repository.  Statuses: verified, moved (in
+the same file, or in the file git says it was renamed to), drifted (file there, text gone), missing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import index_records, query, run_cli
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
+RETRY = "import time\n\n\ndef retry_policy():\n    attempts = 3\n    return attempts\n\n\ndef other():\n    pass\n"
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run([*GIT, "-C", str(root), *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def repo(project: Path) -> Path:
+    (project / "src").mkdir()
+    (project / "src" / "retry.py").write_text(RETRY)
+    git(project, "init", "-q")
+    git(project, "add", "src")
+    git(project, "commit", "-qm", "retry")
+    return project
+
+
+def add(root: Path, title: str, *anchors: str) -> dict:
+    argv = ["memory-add", "--root", str(root), "--type", "learning", "--title", title, "--body", "b"]
+    for a in anchors:
+        argv += ["--anchor", a]
+    out = run_cli(argv)
+    assert out.code == 0, out.err
+    return out.json
+
+
+def top(root: Path, *extra: str) -> dict:
+    out = query(root, "retry policy attempts", "--mode", "lexical", *extra)
+    assert out.code == 0, out.err
+    return out.json["hits"][0]
+
+
+def stored(root: Path) -> list[dict]:
+    lines = (root / ".nubos-pilot" / "memory" / "records.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines if '"op"' not in x]
+
+
+def test_an_anchor_is_stamped_on_write_with_what_it_cites_and_the_commit(repo):
+    add(repo, "retry_policy caps at 3 attempts", "src/retry.py:4-6")
+    (anchor,) = stored(repo)[0]["anchors"]
+    assert anchor["path"] == "src/retry.py" and anchor["lines"] == [4, 6]
+    assert len(anchor["sha"]) == 32 and anchor["commit"] == git(repo, "rev-parse", "HEAD").strip()
+    hit = top(repo)
+    assert hit["freshness"] == "verified"
+    assert hit["anchors"] == [{"path": "src/retry.py", "lines": [4, 6], "status": "verified"}]
+
+
+def test_reindenting_is_not_a_change_but_a_shift_is_a_move(repo):
+    add(repo, "retry_policy caps at 3 attempts", "src/retry.py:4-6")
+    path = repo / "src" / "retry.py"
+    path.write_text(RETRY.replace("    attempts = 3", "        attempts  =  3"))  # whitespace only
+    assert top(repo)["freshness"] == "verified"
+    path.write_text("# header\n# more\n" + RETRY)
+    hit = top(repo)
+    assert hit["freshness"] == "moved"
+    assert hit["anchors"][0]["now"] == {"path": "src/retry.py", "lines": [6, 8]}
+
+
+def test_drifted_and_missing_hits_stay_visible_down_weighted_and_said_in_words(repo):
+    add(repo, "retry_policy caps at 3 attempts", "src/retry.py:4-6")
+    add(repo, "retry policy attempts are logged", "src/retry.py:9-10")  # a second hit, verified
+    before = {h["record"]["title"]: h["score"] for h in query(repo, "retry policy attempts", "--mode",
+                                                               "lexical").json["hits"]}
+    (repo / "src" / "retry.py").write_text(RETRY.replace("attempts = 3", "attempts = 5"))
+    answer = query(repo, "retry policy attempts", "--mode", "lexical", "--explain").json
+    drifted = next(h for h in answer["hits"] if h["record"]["title"].startswith("retry_policy caps"))
+    assert drifted["freshness"] == "drifted"
+    assert drifted["score"] == pytest.approx(before["retry_policy caps at 3 attempts"] * 0.5, abs=1e-6)
+    assert drifted["explain"]["freshness_factor"] == 0.5
+    assert [h["score"] for h in answer["hits"]] == sorted((h["score"] for h in answer["hits"]), reverse=True)
+    md = query(repo, "retry policy attempts", "--mode", "lexical", "--format", "md").out
+    assert "cites src/retry.py:4-6, which changed since this was written" in md
+    (repo / "src" / "retry.py").unlink()
+    hit = next(h for h in query(repo, "retry policy attempts", "--mode", "lexical").json["hits"]
+               if h["record"]["title"].startswith("retry_policy caps"))
+    assert hit["freshness"] == "missing"
+
+
+def test_the_factor_is_configurable(repo):
+    from .conftest import write_config
+
+    write_config(repo, stale_factor=1.0)
+    add(repo, "retry_policy caps at 3 attempts", "src/retry.py:4-6")
+    score = top(repo)["score"]
+    (repo / "src" / "retry.py").write_text("nothing here\n")
+    assert top(repo)["freshness"] == "drifted" and top(repo)["score"] == score
+
+
+def test_a_file_git_renamed_is_followed(repo):
+    add(repo, "retry_policy caps at 3 attempts", "src/retry.py:4-6")
+    git(repo, "mv", "src/retry.py", "src/policy.py")
+    git(repo, "commit", "-qm", "rename")
+    hit = top(repo)
+    assert hit["freshness"] == "moved" and hit["anchors"][0]["now"] == {"path": "src/policy.py", "lines": [4, 6]}
+
+
+def test_unanchored_hits_say_so(project):
+    assert index_records(project, [{"type": "learning", "title": "retry policy attempts", "body": "x"}]).code == 0
+    hit = top(project)
+    assert hit["freshness"] == "unanchored" and "anchors" not in hit
+
+
+@pytest.mark.parametrize("anchor, why", [("../outside.py", "inside"), ("/etc/passwd", "inside"),
+                                         ("src/nothere.py", "readable"), ("src/retry.py:5-99", "past the end")])
+def test_anchors_outside_the_project_or_past_a_file_are_refused(repo, anchor, why, tmp_path):
+    (tmp_path / "outside.py").write_text("secret\n")
+    argv = ["memory-add", "--root", str(repo), "--type", "learning", "--title", "t", "--body", "b", "--anchor", anchor]
+    out = run_cli(argv)
+    assert out.code == 5 and out.error["code"] == "record-invalid-anchors" and why in out.error["message"]
+    assert "secret" not in out.err
+
+
+def test_a_symlink_out_of_the_project_is_not_followed(repo, tmp_path):
+    (tmp_path / "outside.py").write_text("secret\n")
+    (repo / "src" / "link.py").symlink_to(tmp_path / "outside.py")
+    out = run_cli(["memory-add", "--root", str(repo), "--type", "learning", "--title", "t", "--anchor", "src/link.py"])
+    assert out.code == 5 and out.error["code"] == "record-invalid-anchors"
+
+
+def test_verify_counts_lists_and_update_records_the_move_in_the_log(repo):
+    add(repo, "retry_policy caps at 3 attempts", "src/retry.py:4-6")
+    (repo / "lib").mkdir()
+    (repo / "lib" / "gone.py").write_text("x = 1\n")
+    gone = add(repo, "retry notes on a file that goes", "lib/gone.py")["id"]
+    (repo / "lib" / "gone.py").unlink()
+    (repo / "src" / "retry.py").write_text("# moved down\n" + RETRY)
+    report = run_cli(["memory-verify", "--root", str(repo)]).json
+    assert report["anchored"] == 2 and report["freshness"] == {"verified": 0, "moved": 1, "drifted": 0, "missing": 1}
+    assert [s["id"] for s in report["stale"]] == [gone] and report["updated"] == []
+    log_before = (repo / ".nubos-pilot" / "memory" / "records.jsonl").read_bytes()
+    updated = run_cli(["memory-verify", "--root", str(repo), "--update"]).json
+    assert len(updated["updated"]) == 1
+    log_after = (repo / ".nubos-pilot" / "memory" / "records.jsonl").read_bytes()
+    assert log_after.startswith(log_before) and b'"op":"anchor"' in log_after[len(log_before):]  # appended only
+    assert run_cli(["memory-verify", "--root", str(repo)]).json["freshness"]["verified"] == 1
+    assert top(repo)["freshness"] == "verified"
+    rebuilt = run_cli(["memory-rebuild", "--root", str(repo)])
+    assert rebuilt.code == 0 and top(repo)["freshness"] == "verified"  # the log says it: rebuilds agree
+
+
+def test_prune_anchors_missing_retires_only_records_whose_every_anchor_is_gone(repo):
+    (repo / "lib").mkdir()
+    for name in ("a.py", "b.py"):
+        (repo / "lib" / name).write_text(f"{name}\n")
+    both = add(repo, "retry on a and b", "lib/a.py", "lib/b.py")["id"]
+    one = add(repo, "retry on a", "lib/a.py")["id"]
+    (repo / "lib" / "a.py").unlink()
+    dry = run_cli(["memory-prune", "--root", str(repo), "--anchors-missing", "--dry-run"]).json
+    assert dry["retired"] == [one] and dry["dry_run"]
+    done = run_cli(["memory-prune", "--root", str(repo), "--anchors-missing"]).json
+    assert done["retired"] == [one]
+    got = run_cli(["memory-get", "--root", str(repo), one, both]).json["records"]
+    assert got[0]["retired"]["reason"] == "anchors-missing" and got[1]["live"]
+    neither = run_cli(["memory-prune", "--root", str(repo)])
+    assert neither.code == 2 and "--anchors-missing" in neither.error["message"]
+
+
+def test_anchors_come_in_through_index_and_mcp_declarations(repo):
+    assert index_records(repo, [{"type": "learning", "title": "retry policy attempts", "body": "x",
+                                 "anchors": ["src/retry.py:4-6"]}]).code == 0
+    assert stored(repo)[0]["anchors"][0]["sha"]
+    from nubos_memory.params import ADD
+
+    (anchors,) = [p for p in ADD if p.name == "anchors"]
+    assert anchors.flag == "--anchor" and anchors.describe  # the tool argument is generated from it
