@@ -22,6 +22,7 @@ from ..faults import crash_point
 from ..log import LogScan, forget_op
 from ..records import embed_text, recency
 from ..search.dedup import find_exact, fingerprint, nearest, within_batch
+from .gitstate import stamp_git
 
 NEAR_GROUP = 16  # near duplicates of a record looked at for a newer statement
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from ..search.snapshot import Snapshot
     from ..store.base import Store
     from ..types import Record, WriteResult
+    from .gitstate import GitState
     from .vectorsync import VectorSync
 
 
@@ -66,11 +68,13 @@ def history(scan: LogScan) -> list[dict[str, Any]]:
 class WritePath:
     """Writes of one memory (see module docstring)."""
 
-    def __init__(self, snap: "Snapshot", store: "Store", vectors: "VectorSync", config: "MemoryConfig"):
+    def __init__(self, snap: "Snapshot", store: "Store", vectors: "VectorSync", config: "MemoryConfig",
+                 git: "GitState | None" = None):
         self.snap = snap
         self.store = store
         self.vectors = vectors
         self.config = config
+        self.git = git  # stamps new records with where in git they are written (``gitstate.py``)
 
     def apply(self, records: "Sequence[Record]" = (), *, forget: Sequence[str] = (), reason: str = "forgotten",
               reasons: dict[str, str] | None = None, force: bool = False, verb: str = "memory-index",
@@ -79,9 +83,10 @@ class WritePath:
 
         Records whose id is live are skipped; exact duplicates of live records are
         reported as ``duplicates`` and not stored unless ``force``; near duplicates
-        are stored and reported.  ``reasons`` gives a tombstone reason per id.
+        are stored and reported.  ``reasons`` gives a tombstone reason per id.  Inside git, a record
+        that brings no ``git`` gets this write's (``gitstate.stamp_git``; never part of its text).
         """
-        records = list(records)
+        records = list(records) if self.git is None else stamp_git(list(records), self.git)
         self.store.prepare()
         snap = self.snap
         scan = snap.refresh()  # an unfinished tail is settled under the lock below, and reported

@@ -1,0 +1,127 @@
+"""Branches (issue 23): records carry where in git they were written; hits say whether that work is
+merged into the current line of work; ``--branch current`` keeps only what is; ``memory-doctor``.
+
+Every test here runs the real ``git`` command line on a repository it makes in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nubos_memory.log import same_content
+
+from .conftest import run_cli
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command line")
+
+
+@pytest.fixture(autouse=True)
+def _git_identity(monkeypatch):
+    for key, value in (("GIT_AUTHOR_NAME", "Test"), ("GIT_AUTHOR_EMAIL", "test@example.invalid"),
+                       ("GIT_COMMITTER_NAME", "Test"), ("GIT_COMMITTER_EMAIL", "test@example.invalid"),
+                       ("GIT_CONFIG_GLOBAL", "/dev/null"), ("GIT_CONFIG_NOSYSTEM", "1")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("NUBOS_MEMORY_NO_SERVER", "1")
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def commit(root: Path, name: str) -> str:
+    (root / name).write_text(name + "\n")
+    git(root, "add", name)
+    git(root, "commit", "-q", "-m", name)
+    return git(root, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def repo(project: Path) -> Path:
+    """The test project made a git repository on ``main`` with one commit (the memory folder ignored:
+    checking out another branch must not touch the memory)."""
+    git(project, "init", "-q", "-b", "main")
+    (project / ".gitignore").write_text(".nubos-pilot/\n")
+    git(project, "add", ".gitignore")
+    git(project, "commit", "-q", "-m", "start")
+    return project
+
+
+def add(root: Path, title: str, body: str = "details") -> str:
+    res = run_cli(["memory-add", "--root", str(root), "--type", "learning", "--title", title, "--body", body])
+    assert res.code == 0, res.err
+    return res.json["id"]
+
+
+def records(root: Path) -> dict[str, dict]:
+    lines = (root / ".nubos-pilot" / "memory" / "records.jsonl").read_text().splitlines()
+    return {r["id"]: r for r in map(json.loads, lines) if "id" in r and "type" in r}
+
+
+def query(root: Path, text: str, *extra: str) -> dict:
+    res = run_cli(["memory-query", "--root", str(root), text, "--mode", "lexical", *extra])
+    assert res.code == 0, res.err
+    return res.json
+
+
+# -- 1. stamps ----------------------------------------------------------------------------------
+def test_a_write_inside_git_is_stamped_with_branch_commit_and_worktree(repo):
+    head = git(repo, "rev-parse", "HEAD")
+    rid = add(repo, "pin pnpm with corepack")
+    assert records(repo)[rid]["git"] == {"branch": "main", "commit": head, "worktree": "."}
+
+
+def test_a_write_outside_git_has_no_stamp(project):
+    rid = add(project, "pin pnpm with corepack")
+    assert "git" not in records(project)[rid]
+
+
+def test_a_detached_head_stamps_no_branch(repo):
+    first = git(repo, "rev-parse", "HEAD")
+    commit(repo, "two")
+    git(repo, "checkout", "-q", "--detach", first)
+    rid = add(repo, "written on a detached head")
+    assert records(repo)[rid]["git"] == {"branch": None, "commit": first, "worktree": "."}
+
+
+def test_a_linked_worktree_is_named_relative_to_the_main_one(repo, tmp_path):
+    other = tmp_path / "proj-feature"
+    git(repo, "worktree", "add", "-q", "-b", "feature", str(other))
+    shutil.copytree(repo / ".nubos-pilot", other / ".nubos-pilot")
+    rid = add(other, "written in a linked worktree")
+    stamp = records(other)[rid]["git"]
+    assert stamp["branch"] == "feature" and stamp["worktree"] == "../proj-feature"
+
+
+def test_a_record_that_brings_its_own_stamp_keeps_it(repo, tmp_path):
+    theirs = {"branch": "elsewhere", "commit": "0" * 40, "worktree": "."}
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"id": "r1", "type": "learning", "title": "brought", "body": "b", "git": theirs}))
+    res = run_cli(["memory-index", "--root", str(repo), "--records-file", str(batch)])
+    assert res.code == 0, res.err
+    assert records(repo)["r1"]["git"] == theirs
+
+
+def test_an_import_keeps_what_the_file_says(repo, tmp_path):
+    log = tmp_path / "other.jsonl"
+    log.write_text(json.dumps({"id": "plain", "type": "learning", "phase": None, "title": "no stamp here",
+                               "body": "b", "tags": [], "provenance": None,
+                               "created_at": "2026-01-01T00:00:00Z"}) + "\n")
+    res = run_cli(["memory-import", "--root", str(repo), str(log)])
+    assert res.code == 0, res.err
+    assert "git" not in records(repo)["plain"]
+
+
+def test_the_stamp_changes_neither_duplicates_nor_content(repo):
+    first = add(repo, "one fact", "said once")
+    commit(repo, "later")
+    again = run_cli(["memory-add", "--root", str(repo), "--type", "learning", "--title", "one fact",
+                     "--body", "said once"])
+    assert again.json["duplicate_of"] == first and again.json["added"] == 0
+    a = records(repo)[first]
+    b = {**a, "git": {**a["git"], "commit": git(repo, "rev-parse", "HEAD")}, "created_at": "2027-01-01T00:00:00Z"}
+    assert same_content(a, b)
