@@ -82,7 +82,9 @@ class Hit(TypedDict):
     record: Record
     collapsed: NotRequired[dict[str, Any]]
     explain: NotRequired[dict[str, Any]]
+    conflicts: NotRequired[list[dict[str, Any]]]  # collapsed older statements that disagree: {id, kind, ...}
     freshness: NotRequired[str]  # verified | moved | drifted | missing | unanchored (api/anchors.py)
+    merged: NotRequired[bool]  # its record's git.commit is reachable from HEAD (api/gitstate.py)
     anchors: NotRequired[list[dict[str, Any]]]  # each cited place, checked now
 
 
@@ -93,6 +95,7 @@ class QueryResult(TypedDict):
     counts: dict[str, int]
     warnings: list[dict[str, Any]]
     budget: NotRequired[dict[str, Any]]
+    scope: NotRequired[dict[str, Any]]  # the memory folders read, how each was found, branch and commit
 
 
 class WriteResult(TypedDict):
@@ -161,6 +164,7 @@ class Stats(TypedDict, total=False):
     user_folders: dict[str, Any]  # this user's config and cache folders: where, fallback, what was refused
     memory_dir: str
     bytes: int
+    scope: dict[str, Any]  # the memory folders read, how each was found, branch and commit
     warnings: list[dict[str, Any]]
 
 
@@ -187,6 +191,7 @@ class GotRecord(TypedDict):
     live: bool
     retired: dict[str, Any] | None
     record: Record | None  # None for a redacted record: its text is gone
+    history: NotRequired[list[dict[str, Any]]]  # with ``history``: every version, in log order, with its fate
 
 
 class GetResult(TypedDict):

@@ -26,7 +26,7 @@ import hashlib
 import os
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,9 +92,10 @@ def git(root: Path, *args: str) -> str | None:
 class _File:
     """A cited file as last read: its identity and its normalised lines."""
 
-    key: tuple[int, int]
+    key: tuple[int, int, int]  # size, mtime, inode
     lines: list[str]
     heads: dict[str, list[int]]  # hash of a normalised line -> the 1-based numbers it is on
+    checked: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)  # anchor -> its check
 
 
 class AnchorCheck:
@@ -108,7 +109,17 @@ class AnchorCheck:
 
     # -- files --------------------------------------------------------------------------------
     def read(self, rel: str) -> _File | None:
-        """The file's normalised lines, read again only when its size or mtime changed."""
+        """The file's normalised lines, read again only when its identity (size, mtime, inode) changed;
+        a file seen before and unchanged costs one ``stat`` (its path was checked to stay inside the
+        project when it was read)."""
+        known = self._files.get(rel)
+        if known is not None:
+            try:
+                st = os.stat(self.root / rel)
+            except OSError:
+                st = None
+            if st is not None and known.key == (st.st_size, st.st_mtime_ns, st.st_ino):
+                return known
         path = inside(self.root, rel)
         if path is None:
             return None
@@ -117,10 +128,7 @@ class AnchorCheck:
         except OSError:
             self._files.pop(rel, None)
             return None
-        key = (st.st_size, st.st_mtime_ns)
-        known = self._files.get(rel)
-        if known is not None and known.key == key:
-            return known
+        key = (st.st_size, st.st_mtime_ns, st.st_ino)
         if not path.is_file() or st.st_size > MAX_ANCHOR_FILE:
             return None
         try:
@@ -186,14 +194,22 @@ class AnchorCheck:
                 return {**out, "status": "moved", "now": {"path": renamed, **moved}}
             return {**out, "status": "drifted" if renamed is not None else "missing",
                     **({"now": {"path": renamed}} if renamed is not None else {})}
+        memo = (tuple(lines) if lines else None, anchor.get("sha"), anchor.get("head"))
+        if memo not in found.checked:  # the same anchor against the same file: the same answer
+            found.checked[memo] = self.within(found, rel, anchor)
+        return {**out, **found.checked[memo]}
+
+    def within(self, found: _File, rel: str, anchor: dict[str, Any]) -> dict[str, Any]:
+        """The status of an anchor whose file is there."""
+        lines = anchor.get("lines")
         if lines is None:
-            return {**out, "status": "verified" if digest(found.lines) == anchor.get("sha") else "drifted"}
+            return {"status": "verified" if digest(found.lines) == anchor.get("sha") else "drifted"}
         if digest(found.lines[lines[0] - 1:lines[1]]) == anchor.get("sha"):
-            return {**out, "status": "verified"}
+            return {"status": "verified"}
         moved = self.locate(rel, anchor)
         if moved is not None:
-            return {**out, "status": "moved", "now": {"path": rel, **moved}}
-        return {**out, "status": "drifted"}
+            return {"status": "moved", "now": {"path": rel, **moved}}
+        return {"status": "drifted"}
 
     def locate(self, rel: str, anchor: dict[str, Any]) -> dict[str, Any] | None:
         """Where the anchor's cited lines are in ``rel`` now (``{"lines": [a, b]}``), if anywhere."""

@@ -50,6 +50,8 @@ def render_hit(rank: int, hit: Hit) -> str:
         fold = (f"> {count} older near-duplicate note{'s' if count != 1 else ''} folded into this one (this is the "
                 f"newest): {', '.join(folded['ids'][:5])}{' …' if count > 5 else ''}\n")
     stale = "".join(f"> ⚠ {line}\n" for line in describe(hit.get("anchors") or []))  # said in words
+    stale += "".join(f"> supersedes an older note that said “{c['said']}” ({c['kind']} differs, "
+                     f"{c.get('created_at') or 'undated'})\n" for c in hit.get("conflicts") or [])
     return (f"### {rank}. {rec['title']}{provenance_label(rec)}\n{' · '.join(facts)}\n{fold}{stale}"
             + (f"\n{body}\n" if body else ""))
 

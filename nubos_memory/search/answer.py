@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..limits import MAX_ECHO, MAX_TAGS
 from ..records import recency
 from .dedup import collapse as collapse_near
+from .dedup import contradiction
 
 if TYPE_CHECKING:
     from ..config import MemoryConfig
@@ -46,6 +47,8 @@ def empty_answer(cfg: MemoryConfig, scan: LogScan, req: Request) -> QueryResult:
         out["query"]["filters"]["phase_exact"] = True
     if req.since is not None:
         out["query"]["filters"]["since"] = echo(req.since)
+    if req.as_of is not None:
+        out["query"]["filters"]["as_of"] = echo(req.as_of)
     if req.mode != "hybrid":
         out["query"]["mode"] = req.mode
     return out
@@ -61,6 +64,18 @@ def groups_of(kept: list[Candidate], state: VectorState | None, near_duplicate: 
     return [[c] for c in kept[:k]]
 
 
+def conflicts_of(shown: Record, older: list[Record]) -> list[dict[str, Any]]:
+    """The collapsed statements that disagree with the one shown (``dedup.contradiction``): the newer
+    statement won, and the agent is told there was a disagreement."""
+    out = []
+    for rec in older:
+        kind = contradiction(shown, rec)
+        if kind is not None:
+            out.append({"id": rec["id"], "kind": kind, "created_at": rec.get("created_at"),
+                        "said": rec["title"][:160]})
+    return out
+
+
 def hit_of(group: list[Candidate], records: list[Record], explain: dict[str, Any] | None) -> Hit:
     """One hit: the group's newest record, scored as its best; ``explain`` (the query's part of
     the explanation) adds the signals."""
@@ -70,6 +85,9 @@ def hit_of(group: list[Candidate], records: list[Record], explain: dict[str, Any
     if len(group) > 1:
         hit["collapsed"] = {"count": len(group) - 1,
                             "ids": [records[m.position]["id"] for m in group if m is not c]}
+        conflicts = conflicts_of(rec, [records[m.position] for m in group if m is not c])
+        if conflicts:
+            hit["conflicts"] = conflicts
     if explain is not None:
         hit["explain"] = explained(c, rec, explain)
     return hit

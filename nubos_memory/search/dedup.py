@@ -20,6 +20,7 @@ A duplicate check must never eat information (adr/0009):
 from __future__ import annotations
 
 import hashlib
+import re
 import unicodedata
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,27 @@ def fingerprint(record: Record) -> str:
     """The exact-duplicate fingerprint: type, normalised title and normalised body."""
     basis = "\x1f".join((record["type"], normalised_text(record["title"]), normalised_text(record.get("body") or "")))
     return hashlib.sha256(basis.encode("utf-8")).hexdigest()[:32]
+
+
+NEGATIONS = frozenset({"not", "no", "never", "don't", "dont", "doesn't", "isn't", "aren't", "won't", "can't",
+                       "cannot", "shouldn't", "mustn't", "avoid", "without", "nor", "stop", "disable", "disabled"})
+_VERSION = re.compile(r"^v?\d+(?:\.\d+)+[a-z0-9.-]*$")
+_NUMBER = re.compile(r"^[-+]?\d+(?:[.,]\d+)?%?$")
+
+
+def _words(record: Record) -> set[str]:
+    return set(normalised_text(f"{record['title']} {record.get('body') or ''}").split())
+
+
+def contradiction(newer: Record, older: Record) -> str | None:
+    """How ``older`` disagrees with ``newer`` among the classes adr/0009 measures (``version``, ``number``,
+    ``negation``), or None: their versions differ, their numbers differ, or one negates what the other
+    says.  Meant for near duplicates (same topic, near-identical words)."""
+    a, b = _words(newer), _words(older)
+    for kind, pick in (("version", _VERSION.match), ("number", _NUMBER.match)):
+        if {w for w in a if pick(w)} != {w for w in b if pick(w)}:
+            return kind
+    return "negation" if bool(a & NEGATIONS) != bool(b & NEGATIONS) else None
 
 
 def content_terms(record: Record) -> frozenset[str]:
