@@ -42,6 +42,8 @@ from .limits import (
 )
 from .records import iso_to_epoch
 
+BRANCHES = ("current",)  # memory-query --branch (api/gitstate.py)
+
 ONE_LINE = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"  # one line with something on it
 ID = f"^{ID_PATTERN}$"
 TAG = r"^[^,\x00-\x1f\x7f]+$"
@@ -192,6 +194,10 @@ QUERY = (
           "Only records created at or after this time (ISO-8601 with a zone), e.g. \"2026-11-01T00:00:00Z\".",
           time=True, invalid=(codes.QUERY_INVALID_SINCE, "since must be an ISO-8601 time with a zone, e.g. "
                               "2026-11-01T00:00:00Z")),
+    Param("branch", str, "current: only records merged into the checked-out line of work (their commit is an "
+          "ancestor of HEAD) or written outside git", "\"current\": only records whose commit is merged into the "
+          "checked-out HEAD, or written outside git (drops notes from unmerged branches).", choices=BRANCHES,
+          invalid=(codes.QUERY_INVALID_BRANCH, f"branch must be one of {list(BRANCHES)}")),
     Param("as_of", str, "answer from the memory as it stood at this ISO-8601 time (records created by then, "
           "not yet retired or expired)", "Answer from the memory as it stood at this time (ISO-8601 with a zone), "
           "e.g. \"2026-11-01T00:00:00Z\": records created by then and not yet retired or expired then.",

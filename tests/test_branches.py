@@ -125,3 +125,82 @@ def test_the_stamp_changes_neither_duplicates_nor_content(repo):
     a = records(repo)[first]
     b = {**a, "git": {**a["git"], "commit": git(repo, "rev-parse", "HEAD")}, "created_at": "2027-01-01T00:00:00Z"}
     assert same_content(a, b)
+
+
+# -- 2. merged, --branch current ----------------------------------------------------------------
+def by_title(answer: dict) -> dict[str, dict]:
+    return {h["record"]["title"]: h for h in answer["hits"]}
+
+
+def test_hits_say_whether_their_commit_is_merged_and_branch_current_keeps_only_those(repo):
+    add(repo, "retry budget on main")
+    git(repo, "checkout", "-q", "-b", "feature")
+    commit(repo, "feature-work")
+    add(repo, "retry budget on feature")
+    git(repo, "checkout", "-q", "main")
+    hits = by_title(query(repo, "retry budget"))
+    assert hits["retry budget on main"]["merged"] is True
+    assert hits["retry budget on feature"]["merged"] is False
+    current = query(repo, "retry budget", "--branch", "current")
+    assert set(by_title(current)) == {"retry budget on main"}
+    assert current["query"]["filters"]["branch"] == "current"
+    git(repo, "merge", "-q", "--no-ff", "-m", "merge feature", "feature")
+    hits = by_title(query(repo, "retry budget", "--branch", "current"))
+    assert set(hits) == {"retry budget on main", "retry budget on feature"}
+    assert all(h["merged"] for h in hits.values())
+
+
+def test_branch_current_keeps_records_written_outside_git_and_filters_before_top_k(project):
+    add(project, "retry budget before git")
+    git(project, "init", "-q", "-b", "main")
+    (project / ".gitignore").write_text(".nubos-pilot/\n")
+    git(project, "add", ".gitignore")
+    git(project, "commit", "-q", "-m", "start")
+    git(project, "checkout", "-q", "-b", "feature")
+    commit(project, "f")
+    for i in range(5):
+        add(project, f"retry budget retry budget unmerged note {i}")
+    git(project, "checkout", "-q", "main")
+    add(project, "retry budget on main")
+    plain = query(project, "retry budget", "--k", "2")["hits"]
+    assert any(h.get("merged") is False for h in plain)  # filtering after top-k would leave fewer than k
+    hits = by_title(query(project, "retry budget", "--k", "2", "--branch", "current"))
+    assert set(hits) == {"retry budget before git", "retry budget on main"}  # k hits, not fewer
+    assert "merged" not in hits["retry budget before git"] and hits["retry budget on main"]["merged"] is True
+
+
+def test_a_detached_head_answers_merged_by_reachability(repo):
+    add(repo, "retry budget at start")
+    second = commit(repo, "two")
+    add(repo, "retry budget at two")
+    git(repo, "checkout", "-q", "--detach", "HEAD~1")
+    hits = by_title(query(repo, "retry budget"))
+    assert hits["retry budget at start"]["merged"] is True and hits["retry budget at two"]["merged"] is False
+    git(repo, "checkout", "-q", "--detach", second)
+    assert all(h["merged"] for h in query(repo, "retry budget", "--branch", "current")["hits"])
+
+
+def test_a_commit_this_repository_does_not_hold_is_not_merged(repo, tmp_path):
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"id": "far", "type": "learning", "title": "retry budget from elsewhere", "body": "b",
+                                 "git": {"branch": "x", "commit": "f" * 40, "worktree": "."}}))
+    assert run_cli(["memory-index", "--root", str(repo), "--records-file", str(batch)]).code == 0
+    assert query(repo, "retry budget")["hits"][0]["merged"] is False
+    assert query(repo, "retry budget", "--branch", "current")["hits"] == []
+
+
+def test_outside_git_no_hit_says_merged(project):
+    add(project, "retry budget")
+    hits = query(project, "retry budget", "--branch", "current")["hits"]
+    assert len(hits) == 1 and "merged" not in hits[0]
+
+
+def test_an_unknown_branch_value_is_refused(repo):
+    from nubos_memory import Memory
+    from nubos_memory.errors import InputError
+
+    res = run_cli(["memory-query", "--root", str(repo), "x", "--branch", "feature"])
+    assert res.code == 2  # argparse: not a choice
+    with pytest.raises(InputError) as exc:
+        Memory.open(repo).query("x", branch="feature")
+    assert exc.value.code == "query-invalid-branch"

@@ -140,3 +140,25 @@ def stamp_git(records: list[Any], state: GitState) -> list[Any]:
     if found is None:
         return records
     return [r if r.get("git") is not None else {**r, "git": dict(found)} for r in records]
+
+
+class BranchFilter:
+    """``--branch current``: the records (live or not: an as-of query looks at the past) written outside
+    git or at a commit reachable from HEAD, by position; kept while neither HEAD nor the log changed."""
+
+    def __init__(self, state: GitState):
+        self.state = state
+        self._kept: tuple[tuple[Any, ...], Any] | None = None
+
+    def positions(self, records: list[Any]) -> Any:
+        import numpy as np
+
+        key = (self.state.head(), len(records), id(records))
+        if self._kept is not None and self._kept[0] == key:
+            return self._kept[1]
+        commits = [commit_of(r) for r in records]
+        merged = self.state.merged(c for c in commits if c is not None)
+        keep = np.fromiter((c is None or merged[c] for c in commits), dtype=bool, count=len(commits))
+        kept = np.flatnonzero(keep)
+        self._kept = (key, kept)
+        return kept

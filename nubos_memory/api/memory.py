@@ -45,7 +45,7 @@ from ..records import (
 from ..search.snapshot import Snapshot
 from ..store import open_store, parse_duration
 from .anchors import AnchorCheck, stamp_anchors, verify_anchors, weigh_freshness
-from .gitstate import GitState
+from .gitstate import BranchFilter, GitState, mark_merged
 from .vectorsync import VectorSync
 from .writepath import WritePath, history, settled_scan
 
@@ -118,6 +118,7 @@ class Memory:
         self.vectors = VectorSync(self.snap, self.store, lambda: self.embedder, self.config)
         self.git = GitState(project.root)  # where in git records are written (asked at most once a second)
         self.writes = WritePath(self.snap, self.store, self.vectors, self.config, self.git)
+        self._branch = BranchFilter(self.git)
         self.notices: list[dict[str, Any]] = []
         self.anchors = AnchorCheck(project.root)  # cited files are read once per identity (size, mtime)
         self._settle_tried: tuple[Any, int] | None = None
@@ -340,6 +341,7 @@ class Memory:
         collapse: bool = True,
         since: str | None = None,
         as_of: str | None = None,
+        branch: str | None = None,
     ) -> "QueryResult":
         """Hybrid search (``memory-query``); see ``search/fusion.py`` for the scoring.
 
@@ -350,6 +352,8 @@ class Memory:
         unless ``phase_exact``.  A ``type`` no record can have is refused with the allowed list.
         ``since`` (ISO-8601) keeps records created at or after that time.  ``as_of`` (ISO-8601) answers
         from the memory as it stood then (``search/timeline.py``); its hits are not counted as retrieved.
+        A hit whose record was written inside git says whether that commit is ``merged`` (reachable from
+        HEAD); ``branch="current"`` keeps only those and the records written outside git (``gitstate.py``).
         """
         from ..search.query import run_query
         from .context import fit_budget
@@ -365,12 +369,15 @@ class Memory:
         alpha = self.config.alpha if alpha is None else alpha
         fusion = fusion or self.config.fusion
         for name, value in (("k", k), ("alpha", alpha), ("fusion", fusion), ("mode", mode),
-                            ("max_tokens", max_tokens), ("since", since), ("as_of", as_of)):
+                            ("max_tokens", max_tokens), ("since", since), ("as_of", as_of), ("branch", branch)):
             check(QUERY_PARAMS[name], value)  # as declared (params.py): the one check of every caller
         self._check_filters(type, phase, tags)
         result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
                            fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact,
-                           since=since, as_of=as_of)
+                           since=since, as_of=as_of, positions=self._on_branch(branch))
+        mark_merged(result["hits"], self.git)
+        if branch is not None:
+            result["query"]["filters"]["branch"] = branch
         weigh_freshness(result["hits"], self.anchors, self.config.stale_factor, explain=explain)
         if max_tokens is not None:
             result["hits"], result["budget"] = fit_budget(result["hits"], max_tokens)
@@ -379,6 +386,10 @@ class Memory:
                                        "message": "could not record this query's hits as retrieved; "
                                                   "retrievals are not counted"})
         return result
+
+    def _on_branch(self, branch: str | None) -> "np.ndarray | None":
+        """``branch="current"``: the positions of the records merged into HEAD or written outside git."""
+        return None if branch is None else self._branch.positions(self.scan().records)
 
     def _check_filters(self, type_: Any, phase: Any, tags: Any) -> None:
         """Refuse filters that can never match (a typo such as ``learnings``), saying what can."""

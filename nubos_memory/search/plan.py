@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,6 +23,7 @@ class Request:
     collapse: bool = True
     phase_exact: bool = False
     since: str | None = None  # ISO-8601: only records created at or after it
+    positions: np.ndarray | None = field(default=None, compare=False)  # only these records (``--branch current``)
 
 
 @dataclass

@@ -65,15 +65,18 @@ class Searchable(Protocol):
 
 def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: str | None, tags: list[str],
               alpha: float, fusion: str, explain: bool, mode: str = "hybrid", collapse: bool = True,
-              phase_exact: bool = False, since: str | None = None) -> "QueryResult":
+              phase_exact: bool = False, since: str | None = None,
+              positions: np.ndarray | None = None) -> "QueryResult":
     """Answer one query; never fails because of the vector layer (it reports ``degraded``).
 
     ``mode`` "lexical" or "vector" ranks by one signal only (with its neighbour context).  With
     ``collapse``, near duplicates among the hits (cosine ≥ ``memory.near_duplicate``) are one hit:
     the newest of them by ``created_at`` (``records.recency``) is shown, ranked and scored as the best of them, the others counted in
-    its ``collapsed`` field (``dedup.collapse``).
+    its ``collapsed`` field (``dedup.collapse``).  ``positions`` restricts the query to those
+    records (by log position) before anything is ranked, like the other filters.
     """
-    req = Request(text, k, type, phase, tags, alpha, fusion, explain, mode, collapse, phase_exact, since)
+    req = Request(text, k, type, phase, tags, alpha, fusion, explain, mode, collapse, phase_exact, since,
+                  positions=positions)
     scan = mem.scan()
     out = empty_answer(mem.config, scan, req)
     terms = tokenize(text)
@@ -104,6 +107,8 @@ def _filtered(snap: Snapshot, scan: LogScan, req: Request, terms: list[str],
     positions = np.flatnonzero(snap.alive) if allowed is None else allowed
     if req.since is not None:
         allowed = positions = _created_since(scan, positions, req.since)
+    if req.positions is not None:
+        allowed = positions = positions[np.isin(positions, req.positions)]
     if len(positions) == 0:
         if scan.live_count:
             out["warnings"].append({"code": codes.FILTERS_MATCH_NOTHING,
