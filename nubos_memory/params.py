@@ -162,6 +162,9 @@ ADD = (
           text=RECORD_ID),
     Param("importance", float, "0..1; reorders near-ties in results (default: unset)",
           "0..1; nudges ranking between near-equal hits (0.5 is neutral).", ge=0, le=1),
+    Param("valid_until", str, "ISO-8601 time with a zone from which the record retires by itself (expired)",
+          "When this stops being true (ISO-8601 with a zone), e.g. \"2026-12-31T00:00:00Z\": from then on it "
+          "leaves all results by itself (memory_get shows it as expired).", time=True),
     Param("anchors", list, "code this record cites, PATH or PATH:START-END relative to the project root "
           "(repeatable); checked on every read", "Code this memory is about, each \"PATH\" or \"PATH:START-END\" "
           "relative to the project root, e.g. [\"src/net/retry.py:40-58\"]. Every recall says whether that code is "
@@ -222,6 +225,9 @@ GET = (
     Param("ids", list, "record ids (from hits, duplicate_of, supersedes)", "Record ids, e.g. from a hit's `id` or an "
           "add's `duplicate_of`. Example: [\"md:482d2da39a74bb7425f2087d\"].", required=True, cli="positional",
           nargs="+", metavar="ID", text=RECORD_ID, min_items=1, max_items=MAX_GET),
+    Param("history", bool, "every version of each id in log order, with what replaced or retired it and when",
+          "Add each id's versions in log order (live or not), each with what replaced or retired it and when.",
+          default=False),
 )
 
 FORGET = (

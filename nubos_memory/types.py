@@ -85,7 +85,6 @@ class Hit(TypedDict):
     conflicts: NotRequired[list[dict[str, Any]]]  # collapsed older statements that disagree: {id, kind, ...}
     freshness: NotRequired[str]  # verified | moved | drifted | missing | unanchored (api/anchors.py)
     merged: NotRequired[bool]  # its record's git.commit is reachable from HEAD (api/gitstate.py)
-    merged: NotRequired[bool]  # its record's git.commit is reachable from HEAD (api/gitstate.py)
     anchors: NotRequired[list[dict[str, Any]]]  # each cited place, checked now
 
 

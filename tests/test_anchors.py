@@ -180,3 +180,15 @@ def test_anchors_come_in_through_index_and_mcp_declarations(repo):
 
     (anchors,) = [p for p in ADD if p.name == "anchors"]
     assert anchors.flag == "--anchor" and anchors.describe  # the tool argument is generated from it
+
+
+def test_ingest_anchors_each_chunk_to_its_file_and_section(project):
+    guide = project / "guide.md"
+    guide.write_text("---\ncategory: ci\n---\n# Guide\n\nintro text\n\n## Build retry\n\nrun make\nthen test\n\n"
+                     "## Deploy\n\nship it\n")
+    assert run_cli(["memory-ingest", "--root", str(project), "guide.md"]).code == 0
+    spans = {r["heading"]: r["anchors"][0]["lines"] for r in stored(project)}
+    assert spans == {"Guide": [6, 6], "Build retry": [8, 11], "Deploy": [13, 15]}
+    guide.write_text(guide.read_text().replace("then test", "then test twice"))
+    hit = query(project, "build retry make", "--mode", "lexical").json["hits"][0]
+    assert hit["record"]["heading"] == "Build retry" and hit["freshness"] == "drifted"  # until re-ingested

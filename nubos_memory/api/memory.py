@@ -43,7 +43,7 @@ from ..records import (
     validate_batch,
 )
 from ..search.snapshot import Snapshot
-from ..store import open_store, parse_duration
+from ..store import open_store, parse_duration, scope
 from .anchors import AnchorCheck, stamp_anchors, verify_anchors, weigh_freshness
 from .gitstate import BranchFilter, GitState, mark_merged
 from .vectorsync import VectorSync
@@ -283,10 +283,15 @@ class Memory:
                 "warnings": rebuilt["warnings"]}
 
     @_answer
-    def get(self, ids: list[str], *, track: bool = True) -> "GetResult":
+    def get(self, ids: list[str], *, track: bool = True, history: bool = False) -> "GetResult":
         """Records by id (``memory-get``), live or retired: a retired one says why and when
-        (``retired``: reason, at, and the id that superseded it).  Ids no record has are listed in
-        ``missing``; when none is found it is an error (``record-not-found``)."""
+        (``retired``: reason, at, and the id that superseded it; an expired one: reason ``expired``,
+        at its ``valid_until``).  Ids no record has are listed in ``missing``; when none is found it
+        is an error (``record-not-found``).  ``history`` adds each id's versions in log order, each
+        with what replaced or retired it (``search/timeline.history``)."""
+        from ..search.timeline import expiry
+        from ..search.timeline import history as versions
+
         self.require_enabled()
         if not isinstance(ids, list) or not ids:
             raise UsageError("give at least one record id")
@@ -302,13 +307,19 @@ class Memory:
                 gone = scan.redacted[rid]
                 found.append({"id": rid, "live": False, "record": None,
                               "retired": {"reason": "redacted", "at": gone.get("at"), "why": gone.get("reason")}})
+                if history:
+                    found[-1]["history"] = versions(scan, rid, time.time())
                 continue
             if pos is None:
                 missing.append(rid)
                 continue
             info = scan.dead.get(pos)
             retired = None if info is None else {k: info[k] for k in ("reason", "at", "by") if info.get(k) is not None}
-            found.append({"id": rid, "live": info is None, "retired": retired, "record": scan.records[pos]})
+            if retired is None:
+                retired = expiry(scan.records[pos], time.time())  # past its valid_until: not live, nothing lost
+            found.append({"id": rid, "live": retired is None, "retired": retired, "record": scan.records[pos]})
+            if history:
+                found[-1]["history"] = versions(scan, rid, time.time())
         if not found:
             raise InputError(f"no record has the id {missing[0]!r}", code=codes.RECORD_NOT_FOUND,
                              details={"ids": missing[:50]})
@@ -376,6 +387,7 @@ class Memory:
                            fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact,
                            since=since, as_of=as_of, positions=self._on_branch(branch))
         mark_merged(result["hits"], self.git)
+        result["scope"] = scope(self.project).as_dict()  # the folders read, how found, branch and commit
         if branch is not None:
             result["query"]["filters"]["branch"] = branch
         weigh_freshness(result["hits"], self.anchors, self.config.stale_factor, explain=explain)
@@ -553,6 +565,7 @@ class Memory:
             raise InputError(f"no file could be ingested: {first['message']}", code=codes.INGEST_FILES_FAILED,
                              details={"failed": docs.failed[:50], "written": 0})
         add, retire, report = plan(scan, docs, root, prune_missing=prune_missing)
+        add = stamp_anchors(add, self.anchors)  # each chunk cites its file and section
         out: dict[str, Any] = {**report, "added": 0, "retired": 0, "embedded": 0, "skipped": docs.skipped,
                                "failed": docs.failed, "degraded": None, "warnings": scan.warnings()}
         if add or retire:
@@ -644,12 +657,23 @@ class Memory:
         return dict(store.drop_namespace(name))  # one transaction: a writer of it meanwhile starts it afresh
 
     @_answer
+    def doctor(self, *, root_flag: str | None = None) -> dict[str, Any]:
+        """One report (``memory-doctor``; ``doctor.py``): where this memory is and how its root was found
+        (``root_flag``: the ``--root`` given, if any), git, the index, the runtime, anchors by freshness,
+        and every problem with the command that fixes it.  Never loads the model; works while disabled."""
+        from .doctor import diagnose, found_by
+
+        return diagnose(self, found_by(self.project.root, root_flag))
+
+    @_answer
     def stats(self) -> "Stats":
         """Counts, model, timestamps and a consistency report (never loads the model)."""
         from .stats import collect_stats
 
         self.require_enabled()
-        return collect_stats(self)
+        out = collect_stats(self)
+        out["scope"] = scope(self.project).as_dict()
+        return out
 
 
 __all__ = ["SCHEMA_VERSION", "Memory"]

@@ -126,9 +126,11 @@ def collect_stats(mem: "Memory") -> Stats:
     _log_problems(scan, pending, stale, problems)
     embedding = (manifest or {}).get("embedding") or {}
     reasons = _retired_reasons(scan)
+    expired = len(mem.snap.expired_live())  # past their valid_until: not live, yet no retirement in the log
     out: Stats = {
-        "count": scan.live_count,
-        "retired": {"total": len(scan.dead), "by_reason": reasons, "redacted": len(scan.redacted)},
+        "count": scan.live_count - expired,
+        "retired": {"total": len(scan.dead), "by_reason": reasons, "redacted": len(scan.redacted),
+                    "expired": expired},
         "dim": embedding.get("dim") if manifest else mem.embedder.known_dim(),
         "model": embedding.get("model") or cfg.model if manifest else cfg.model,
         "provider": embedding.get("provider") or cfg.provider,
@@ -145,7 +147,7 @@ def collect_stats(mem: "Memory") -> Stats:
         **({"candidates": (manifest or {})["candidates"]} if "candidates" in (manifest or {}) else {}),
         "fingerprint": embedding.get("fingerprint"),
         "consistency": {
-            "records": scan.live_count,
+            "records": scan.live_count - expired,
             "keymap": keymap_count,
             "index": index_count if index_count is not None else (0 if manifest and not keymap_count else None),
             "pending": pending,

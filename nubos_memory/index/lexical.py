@@ -195,26 +195,40 @@ class PostingsBM25:
             return 0.0  # only removed documents held it
         return math.log(1.0 + (self.live - df + 0.5) / (df + 0.5))
 
-    def self_score(self, terms: Sequence[str]) -> float:
-        return self_score(self.idf, terms)
+    def idf_all(self, term: str) -> float:
+        """The term's idf over every document ever added, removed ones included (an as-of query)."""
+        tid = self.vocab.get(term)
+        if tid is None:
+            return 0.0
+        df = self._df(tid) + self._removed_df.get(tid, 0)
+        return math.log(1.0 + (self.size - df + 0.5) / (df + 0.5))
 
-    def scores(self, terms: Sequence[str]) -> np.ndarray:
+    def self_score(self, terms: Sequence[str], *, removed_too: bool = False) -> float:
+        return self_score(self.idf_all if removed_too else self.idf, terms)
+
+    def scores(self, terms: Sequence[str], *, removed_too: bool = False) -> np.ndarray:
+        """Raw BM25 of every document; ``removed_too``: removed documents keep theirs, every score
+        taken with the statistics of every document ever added (an as-of query ranks records
+        retired since, whose terms the live statistics may no longer know)."""
         out = np.zeros(self.size, dtype=np.float64)
-        if not self.live:
+        if not (self.size if removed_too else self.live):
             return out
-        if self._norm is None:
-            avgdl = (float(self.doc_len.sum()) - self._removed_len) / self.live or 1.0
-            self._norm = K1 * (1.0 - B + B * self.doc_len / avgdl)
-        norm = self._norm
+        if removed_too:
+            norm = K1 * (1.0 - B + B * self.doc_len / (float(self.doc_len.mean()) or 1.0))
+        else:
+            if self._norm is None:
+                avgdl = (float(self.doc_len.sum()) - self._removed_len) / self.live or 1.0
+                self._norm = K1 * (1.0 - B + B * self.doc_len / avgdl)
+            norm = self._norm
         for term in dict.fromkeys(terms):
             tid = self.vocab.get(term)
             if tid is None:
                 continue
-            idf = self.idf(term)
+            idf = self.idf_all(term) if removed_too else self.idf(term)
             for docs, tf32 in self._parts(tid):
                 tf = tf32.astype(np.float64)
                 out[docs] += idf * tf * (K1 + 1.0) / (tf + norm[docs])
-        if self.removed:
+        if self.removed and not removed_too:
             out[np.fromiter(self.removed, dtype=np.int64, count=len(self.removed))] = 0.0
         return out
 

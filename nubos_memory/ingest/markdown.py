@@ -39,6 +39,7 @@ class Chunk:
     heading: str
     text: str  # heading line + content, as indexed
     index: int
+    lines: tuple[int, int] | None = None  # the section's first and last non-blank line in the file (1-based)
 
 
 @dataclass
@@ -88,25 +89,35 @@ def _known(meta: dict[str, Any]) -> tuple[str | None, float | None, list[str]]:
     return category, importance, [str(t).strip() for t in tags if str(t).strip()]
 
 
-def _sections(body: str) -> tuple[str | None, list[tuple[str | None, list[str]]]]:
-    """The ``#`` title and ``(heading, lines)`` per ``##`` section (heading None: before any)."""
+def _sections(body: str) -> tuple[str | None, list[tuple[str | None, list[str]]], list[list[int]]]:
+    """The ``#`` title, ``(heading, lines)`` per ``##`` section (heading None: before any), and the
+    index in ``body`` of each of a section's lines."""
     title = None
     sections: list[tuple[str | None, list[str]]] = [(None, [])]
+    numbers: list[list[int]] = [[]]
     fenced = False
-    for line in body.split("\n"):
+    for number, line in enumerate(body.split("\n")):
         if _FENCE.match(line):
             fenced = not fenced
         elif not fenced:
             h2 = _H2.match(line)
             if h2:
                 sections.append((h2.group(1), [line]))
+                numbers.append([number])
                 continue
             h1 = _H1.match(line)
             if h1 and title is None:
                 title = h1.group(1)
                 continue
         sections[-1][1].append(line)
-    return title, sections
+        numbers[-1].append(number)
+    return title, sections, numbers
+
+
+def _span(lines: list[str], numbers: list[int], offset: int) -> tuple[int, int] | None:
+    """The 1-based file lines of a section's non-blank part (``offset``: the lines before the body)."""
+    used = [n for n, line in zip(numbers, lines) if line.strip()]
+    return (offset + used[0] + 1, offset + used[-1] + 1) if used else None
 
 
 def _blocks(text: str, start: int) -> list[tuple[int, int]]:
@@ -133,12 +144,14 @@ def chunk_markdown(text: str, name: str, max_tokens: int = MAX_CHUNK_TOKENS) -> 
     """Parse a markdown file's text (see module docstring); ``name`` titles a file without ``#``."""
     meta, body = parse_frontmatter(text.replace("\r\n", "\n").replace("\r", "\n"))
     category, importance, tags = _known(meta)
-    title, sections = _sections(body)
+    title, sections, numbers = _sections(body)
+    offset = text.replace("\r\n", "\n").replace("\r", "\n").count("\n") - body.count("\n")  # frontmatter lines
     given = meta.get("title")
     if isinstance(given, str) and given.strip() and "\n" not in given.strip():
         title = given.strip()
     doc = Document(title=title or name, category=category, importance=importance, tags=tags)
-    for heading, lines in sections:
+    for (heading, lines), at in zip(sections, numbers):
+        span = _span(lines, at, offset)
         content = "\n".join(lines).strip()
         if not content:
             continue
@@ -148,5 +161,5 @@ def chunk_markdown(text: str, name: str, max_tokens: int = MAX_CHUNK_TOKENS) -> 
         first_nl = content.find("\n")
         blocks = _blocks(content, first_nl + 1) if first_nl >= 0 else None
         for piece in split_for_window(content, char_estimate_starts(content), max_tokens, blocks):
-            doc.chunks.append(Chunk(heading=heading, text=piece.strip(), index=len(doc.chunks)))
+            doc.chunks.append(Chunk(heading=heading, text=piece.strip(), index=len(doc.chunks), lines=span))
     return doc

@@ -162,6 +162,7 @@ def file_records(path: Path, rel: str, record_type: str | None) -> list[dict[str
             "chunk_index": chunk.index,
             "heading": chunk.heading[:1000],
             "importance": doc.importance,
+            **({"anchors": [{"path": rel, "lines": list(chunk.lines)}]} if chunk.lines else {}),
         })
     return out
 

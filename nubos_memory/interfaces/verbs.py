@@ -196,7 +196,7 @@ def _add(ctx: Context, request: Request) -> Any:
     record = {"type": request.get("type"), "title": request.get("title"), "body": body,
               "tags": tags(request.get("tags")), "phase": request.get("phase"),
               "provenance": request.get("provenance")}
-    for key in ("id", "created_at", "supersedes", "importance", "anchors"):
+    for key in ("id", "created_at", "supersedes", "importance", "anchors", "valid_until"):
         if request.get(key) is not None:
             record[key] = request[key]
     return mem.add(record, force=bool(request.get("force")))
@@ -237,7 +237,7 @@ def _query(ctx: Context, request: Request) -> Any:
 
 @verb("memory-get", "records by id, retired ones too (marked with why and when)", P.GET)
 def _get(ctx: Context, request: Request) -> Any:
-    return _memory(ctx, request).get(list(request.get("ids") or []))
+    return _memory(ctx, request).get(list(request.get("ids") or []), history=bool(request.get("history")))
 
 
 @verb("memory-forget", "retire records by id (tombstones; the log stays append-only)", P.FORGET, writes=True)

@@ -24,16 +24,18 @@ class LexicalSide:
     rank: dict[int, int]  # lexical candidates: position -> rank by b'
 
 
-def lexical_side(snap: Snapshot, terms: list[str], scope: Scope, *, propose: bool) -> LexicalSide:
+def lexical_side(snap: Snapshot, terms: list[str], scope: Scope, *, propose: bool,
+                 past: bool = False) -> LexicalSide:
     """Every record's ``b'``, its distribution over the scope, and (with ``propose``) the
-    ``scope.n_cand`` best records with a BM25 score of their own, ranked with context."""
+    ``scope.n_cand`` best records with a BM25 score of their own, ranked with context.  ``past``: the
+    scope may hold records retired since (an as-of query), which are scored too."""
     lexical = snap.lexical_engine()
-    raw = lexical.scores(terms)
+    raw = lexical.scores(terms, removed_too=past)
     g = scope.gate
     scores = with_context(raw, np.arange(len(raw)), scope.prev, scope.nxt, CONTEXT_LEXICAL * g) if g > 0 else raw
     in_scope = scores[scope.positions]
     mean, sd = zscore_stats(in_scope)
-    normaliser = bm25_normaliser(float(in_scope.max()), lexical.self_score(terms))
+    normaliser = bm25_normaliser(float(in_scope.max()), lexical.self_score(terms, removed_too=past))
     rank: dict[int, int] = {}
     if propose:
         matching = scope.positions[raw[scope.positions] > 0]  # own terms; ranked with context

@@ -23,6 +23,7 @@ class Request:
     collapse: bool = True
     phase_exact: bool = False
     since: str | None = None  # ISO-8601: only records created at or after it
+    as_of: str | None = None  # ISO-8601: the memory as it stood then (``timeline.py``)
     positions: np.ndarray | None = field(default=None, compare=False)  # only these records (``--branch current``)
 
 

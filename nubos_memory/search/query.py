@@ -35,9 +35,10 @@ from ..tokenize import tokenize
 from .answer import empty_answer, groups_of, hit_of
 from .fusion import Candidate, importance_factor, ranker, uses_context
 from .lexical_side import LexicalSide, lexical_side
-from .neighbours import CONTEXT_VECTOR, with_context
+from .neighbours import CONTEXT_VECTOR, live_neighbours, with_context
 from .plan import Request, Scope
-from .vector_side import VectorSide, query_vector, vector_side
+from .timeline import live_mask
+from .vector_side import Cosines, VectorSide, query_vector, vector_side
 
 if TYPE_CHECKING:
     from ..config import MemoryConfig
@@ -65,27 +66,31 @@ class Searchable(Protocol):
 
 def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: str | None, tags: list[str],
               alpha: float, fusion: str, explain: bool, mode: str = "hybrid", collapse: bool = True,
-              phase_exact: bool = False, since: str | None = None,
+              phase_exact: bool = False, since: str | None = None, as_of: str | None = None,
               positions: np.ndarray | None = None) -> "QueryResult":
     """Answer one query; never fails because of the vector layer (it reports ``degraded``).
 
     ``mode`` "lexical" or "vector" ranks by one signal only (with its neighbour context).  With
     ``collapse``, near duplicates among the hits (cosine ≥ ``memory.near_duplicate``) are one hit:
     the newest of them by ``created_at`` (``records.recency``) is shown, ranked and scored as the best of them, the others counted in
-    its ``collapsed`` field (``dedup.collapse``).  ``positions`` restricts the query to those
+    its ``collapsed`` field (``dedup.collapse``).  ``as_of`` (ISO-8601) answers from the records live
+    at that time (``timeline.py``), ranked by the same path.  ``positions`` restricts the query to those
     records (by log position) before anything is ranked, like the other filters.
     """
-    req = Request(text, k, type, phase, tags, alpha, fusion, explain, mode, collapse, phase_exact, since,
+    req = Request(text, k, type, phase, tags, alpha, fusion, explain, mode, collapse, phase_exact, since, as_of,
                   positions=positions)
     scan = mem.scan()
     out = empty_answer(mem.config, scan, req)
+    live = None if as_of is None else _as_of(mem.snap, scan, as_of, out)
+    if live is None and mem.snap.expired:
+        out["counts"]["records"] = int(mem.snap.alive.sum())  # expired records are not live
     terms = tokenize(text)
-    filtered = _filtered(mem.snap, scan, req, terms, out)
+    filtered = _filtered(mem.snap, scan, req, terms, out, live)
     if filtered is None:
         return out
-    scope, state = _scope(mem, req, *filtered)
-    lex = lexical_side(mem.snap, terms, scope, propose=mode != "vector")
-    vec = _vector_stage(mem, state, text, scope, lex, out)
+    scope, state = _scope(mem, req, *filtered, live)
+    lex = lexical_side(mem.snap, terms, scope, propose=mode != "vector", past=live is not None)
+    vec = _vector_stage(mem, state, text, scope, lex, out, live)
     cands = _candidates(lex, vec, scope)
     out["counts"]["candidates"] = len(cands)
     kept = _ranked(cands, scan.records, req, mem.config.threshold)
@@ -94,23 +99,38 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
 
 
 # -- 1. filters ------------------------------------------------------------------------------
-def _filtered(snap: Snapshot, scan: LogScan, req: Request, terms: list[str],
-              out: QueryResult) -> tuple[np.ndarray | None, np.ndarray] | None:
+def _as_of(snap: Snapshot, scan: LogScan, as_of: str, out: QueryResult) -> np.ndarray:
+    """Which records were live at ``as_of`` (by position), counted in the answer's ``query.as_of``."""
+    live = live_mask(scan, iso_to_epoch(as_of) or 0.0, snap.timeline)
+    count = int(live.sum())
+    out["counts"]["records"] = count
+    out["query"]["as_of"] = {"time": out["query"]["filters"]["as_of"], "live": count,
+                             "retired_since": int((live & ~snap.alive[:len(live)]).sum()), "without_vector": 0}
+    return live
+
+
+def _filtered(snap: Snapshot, scan: LogScan, req: Request, terms: list[str], out: QueryResult,
+              live: np.ndarray | None = None) -> tuple[np.ndarray | None, np.ndarray] | None:
     """What the filters allow (None: every live record) and the scope's positions; None (with a
-    warning on the answer where one helps) when there is nothing to rank."""
+    warning on the answer where one helps) when there is nothing to rank.  ``live``: the records
+    live at an as-of query's time (default: those live now)."""
     if not scan.records or not terms:
         if scan.records and not terms:
             out["warnings"].append({"code": codes.QUERY_NO_TERMS,
                                     "message": "the query has only stop words or punctuation"})
         return None  # an empty store or a term-less query never loads the model
-    allowed = snap.allowed(req.type, req.phase, req.tags, phase_exact=req.phase_exact)
+    allowed = snap.allowed(req.type, req.phase, req.tags, phase_exact=req.phase_exact, alive=live)
     positions = np.flatnonzero(snap.alive) if allowed is None else allowed
     if req.since is not None:
         allowed = positions = _created_since(scan, positions, req.since)
     if req.positions is not None:
         allowed = positions = positions[np.isin(positions, req.positions)]
     if len(positions) == 0:
-        if scan.live_count:
+        if live is not None:
+            out["warnings"].append({"code": codes.FILTERS_MATCH_NOTHING,
+                                    "message": "no record live at the as_of time passes the filters",
+                                    "filters": out["query"]["filters"]})
+        elif scan.live_count:
             out["warnings"].append({"code": codes.FILTERS_MATCH_NOTHING,
                                     "message": "no live record passes the filters (type, phase, tags); "
                                                "drop or widen them", "filters": out["query"]["filters"]})
@@ -127,12 +147,14 @@ def _created_since(scan: LogScan, positions: np.ndarray, since: str) -> np.ndarr
     return keep
 
 
-def _scope(mem: Searchable, req: Request, allowed: np.ndarray | None,
-           positions: np.ndarray) -> tuple[Scope, VectorState | None]:
-    """The scope with its neighbours and context gate, and the vector layer caught up for it
-    (None in mode ``lexical``).  alpha and rrf keep their plain signals (gate 0)."""
+def _scope(mem: Searchable, req: Request, allowed: np.ndarray | None, positions: np.ndarray,
+           live: np.ndarray | None = None) -> tuple[Scope, VectorState | None]:
+    """The scope with its neighbours (among the records live now, or at an as-of query's time:
+    ``live``) and context gate, and the vector layer caught up for it (None in mode ``lexical``).
+    alpha and rrf keep their plain signals (gate 0)."""
     cfg, snap = mem.config, mem.snap
-    scope = Scope(positions, *snap.neighbours(), n_cand=max(cfg.candidates, req.k))
+    scope = Scope(positions, *(snap.neighbours() if live is None else live_neighbours(live)),
+                  n_cand=max(cfg.candidates, req.k))
     state = mem.sync_vectors(allowed, budget_s=QUERY_EMBED_BUDGET_S) if req.mode != "lexical" else None
     if uses_context(req.mode, req.fusion) and cfg.context == "auto":
         scope.gate = snap.context_gate(state.manifest if state is not None and state.degraded is None else None)
@@ -141,9 +163,11 @@ def _scope(mem: Searchable, req: Request, allowed: np.ndarray | None,
 
 # -- 3. vector side --------------------------------------------------------------------------
 def _vector_stage(mem: Searchable, state: VectorState | None, text: str, scope: Scope, lex: LexicalSide,
-                  out: QueryResult) -> VectorSide | None:
+                  out: QueryResult, live: np.ndarray | None = None) -> VectorSide | None:
     """The vector side, or None: in mode ``lexical``, or when the vector layer fails (found before
-    this query or only now: a graph checked on first use, the model), which ``degraded`` says."""
+    this query or only now: a graph checked on first use, the model), which ``degraded`` says.  In an
+    as-of query (``live``), records retired since may have no vector: they are ranked by their
+    keywords, counted in ``query.as_of.without_vector``, not as the index being behind."""
     if state is None:
         return None
     degraded = state.degraded
@@ -155,7 +179,13 @@ def _vector_stage(mem: Searchable, state: VectorState | None, text: str, scope: 
         except (StoreError, EmbeddingError) as exc:
             degraded = exc.to_dict()
         else:
-            _note_vectors(out, state, vec.pending)
+            pending = vec.pending
+            if live is not None:
+                gone = scope.positions[~mem.snap.alive[scope.positions]]
+                missing = int(len(gone) - len(Cosines(state, np.zeros(0)).with_vector(gone))) if len(gone) else 0
+                out["query"]["as_of"]["without_vector"] = missing
+                pending -= missing
+            _note_vectors(out, state, pending)
     if degraded is not None:
         shown = {"code": degraded["code"], "message": degraded["message"]}
         if degraded.get("details"):

@@ -8,6 +8,8 @@ vector generation when ``manifest.json`` names a new one.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +19,10 @@ from .. import codes
 from ..errors import StoreError
 from ..index.lexical import PostingsBM25
 from ..index.vectors import VectorIndex
-from ..records import content_hash, embed_text, lexical_text, phase_matches
+from ..records import content_hash, embed_text, iso_to_epoch, lexical_text, phase_matches
 from ..tokenize import tokenize
 from .neighbours import gate, live_neighbours
+from .timeline import Timeline
 
 if TYPE_CHECKING:
     from ..log import LogScan
@@ -102,8 +105,12 @@ class Snapshot:
         self.types: list[str] = []
         self.phases: list[str | None] = []
         self.tag_positions: dict[str, list[int]] = {}
-        self.alive = np.ones(0, dtype=bool)
+        self.alive = np.ones(0, dtype=bool)  # live now: not retired, not expired (``timeline.py``)
         self._alive_deaths = 0
+        self.expired: list[int] = []  # positions whose valid_until has come, in the order they expired
+        self._expiries: dict[int, float] = {}  # position -> valid_until (epoch) still to come
+        self._next_expiry = math.inf
+        self.timeline = Timeline()  # each position's times, for as-of queries (filled on first use)
         self.labels = np.zeros(0, dtype=np.int64)
         self._inverse: np.ndarray | None = None
         self._neighbours_key: Any = None
@@ -123,12 +130,34 @@ class Snapshot:
             self.phases.append(rec.get("phase"))
             for tag in rec.get("tags") or ():
                 self.tag_positions.setdefault(tag, []).append(pos)
+            until = iso_to_epoch(rec.get("valid_until")) if "valid_until" in rec else None
+            if until is not None:
+                self._expiries[pos] = until
+                self._next_expiry = min(self._next_expiry, until)
         if len(self.alive) < len(scan.records):
             self.alive = np.concatenate([self.alive, np.ones(len(scan.records) - len(self.alive), dtype=bool)])
         if self._alive_deaths < len(scan.deaths):
             self.alive[scan.deaths[self._alive_deaths:]] = False
             self._alive_deaths = len(scan.deaths)
+        self._expire()
         return scan
+
+    def _expire(self) -> None:
+        """Records whose ``valid_until`` has come leave the live mask (read time: nothing is written)."""
+        now = time.time()
+        if now < self._next_expiry:
+            return
+        due = [p for p, t in self._expiries.items() if t <= now]
+        for p in due:
+            del self._expiries[p]
+        self.alive[due] = False
+        self.expired += due
+        self._next_expiry = min(self._expiries.values(), default=math.inf)
+
+    def expired_live(self) -> list[int]:
+        """Positions expired and not retired in the log (``memory-stats``' ``expired``)."""
+        dead = self.scan.dead if self.scan is not None else {}
+        return [p for p in self.expired if p not in dead]
 
     def ensure_hashes(self) -> list[str]:
         """Content hashes of every record's embedded text (computed once, only when vectors matter)."""
@@ -175,15 +204,16 @@ class Snapshot:
             self.lexical_saved, self.lexical_saved_deaths = n, len(engine.removed)
 
     # -- filters -------------------------------------------------------------------
-    def allowed(self, type_: str | None, phase: str | None, tags: list[str], *, phase_exact: bool = False
-                ) -> np.ndarray | None:
+    def allowed(self, type_: str | None, phase: str | None, tags: list[str], *, phase_exact: bool = False,
+                alive: np.ndarray | None = None) -> np.ndarray | None:
         """Live positions passing the filters, or None when every record qualifies.  ``phase``
         matches its descendants in the phase hierarchy unless ``phase_exact``
-        (``records.phase_matches``)."""
+        (``records.phase_matches``).  ``alive``: which records count as live (default: those live now)."""
+        live = self.alive if alive is None else alive
         if type_ is None and phase is None and not tags:
-            return None if self.alive.all() else np.flatnonzero(self.alive)
+            return None if alive is None and live.all() else np.flatnonzero(live)
         n = len(self.types)
-        mask = self.alive.copy()
+        mask = live.copy()
         if type_ is not None:
             mask &= np.fromiter((t == type_ for t in self.types), dtype=bool, count=n)
         if phase is not None:
@@ -199,7 +229,7 @@ class Snapshot:
     # -- neighbours ------------------------------------------------------------------
     def neighbours(self) -> tuple[np.ndarray, np.ndarray]:
         """Each position's previous and next live position (-1: none), kept until the log changes."""
-        key = (len(self.alive), self._alive_deaths, self.scan.generation if self.scan else -1)
+        key = (len(self.alive), self._alive_deaths, len(self.expired), self.scan.generation if self.scan else -1)
         if self._neighbours_key != key:
             self._neighbours = live_neighbours(self.alive)
             self._neighbours_key = key

@@ -1,0 +1,203 @@
+"""Time (issue 23): ``valid_until`` retires a record by itself at read time, ``memory-query --as-of``
+answers from the memory as it stood then, ``memory-get --history`` lists every version of an id."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from nubos_memory.log import read
+from nubos_memory.search.timeline import live_at
+
+from .conftest import index_records, memory_dir, query, rec, run_cli
+
+PAST = "2020-01-01T00:00:00Z"
+FUTURE = "2999-01-01T00:00:00Z"
+
+
+def titles(result) -> list[str]:
+    return [h["record"]["title"] for h in result.json["hits"]]
+
+
+def forget(root, rid: str, reason: str = "forgotten"):
+    return run_cli(["memory-forget", "--root", str(root), rid, "--reason", reason])
+
+
+def get(root, *args: str):
+    return run_cli(["memory-get", "--root", str(root), *args])
+
+
+def stats(root) -> dict:
+    return run_cli(["memory-stats", "--root", str(root)]).json
+
+
+def tombstone_at(root, rid: str, at: str) -> None:
+    """Give the forget tombstone of ``rid`` a known time (a forget stamps now)."""
+    log = memory_dir(root) / "records.jsonl"
+    lines = log.read_text().splitlines()
+    for i, line in enumerate(lines):
+        obj = json.loads(line)
+        if obj.get("op") == "forget" and obj["id"] == rid:
+            obj["at"] = at
+            lines[i] = json.dumps(obj)
+    log.write_text("\n".join(lines) + "\n")
+
+
+# -- valid_until -----------------------------------------------------------------------------
+def test_expiry_hides_a_record_counts_it_and_loses_nothing(project):
+    assert index_records(project, [
+        rec("rotate the signing key monthly", "key rotation", id="old", valid_until=PAST),
+        rec("rotate the signing key weekly", "key rotation", id="new", valid_until=FUTURE),
+        rec("rotate the signing key daily", "key rotation", id="plain"),
+    ]).code == 0
+    got = query(project, "rotate signing key", "--mode", "lexical")
+    assert set(titles(got)) == {"rotate the signing key weekly", "rotate the signing key daily"}
+    assert got.json["counts"]["records"] == 2
+    hybrid = query(project, "rotate signing key")
+    assert "old" not in {h["id"] for h in hybrid.json["hits"]}
+    s = stats(project)
+    assert s["count"] == 2 and s["retired"]["expired"] == 1 and s["retired"]["total"] == 0
+    shown = get(project, "old", "new").json["records"]
+    assert shown[0]["live"] is False and shown[0]["retired"] == {"reason": "expired", "at": PAST}
+    assert shown[0]["record"]["title"] == "rotate the signing key monthly"  # nothing is lost
+    assert shown[1]["live"] is True and shown[1]["retired"] is None
+    log = (memory_dir(project) / "records.jsonl").read_bytes()
+    assert b'"forget"' not in log and b'"redact"' not in log  # no log operation retired it
+
+
+def test_memory_add_takes_valid_until(project):
+    added = run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "the staging db is "
+                     "read only this week", "--body", "freeze", "--valid-until", PAST])
+    assert added.code == 0, added.err
+    assert query(project, "staging read only", "--mode", "lexical").json["hits"] == []
+    assert get(project, added.json["id"]).json["records"][0]["record"]["valid_until"] == PAST
+    bad = run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "x y z", "--body", "b",
+                   "--valid-until", "next week"])
+    assert bad.code == 5 and bad.error["code"] == "record-invalid-valid-until"
+
+
+def test_the_add_tool_declares_valid_until(project):
+    from .test_mcp import list_tools
+
+    schema = list_tools(project)["memory_add"].input_schema
+    assert "valid_until" in schema["properties"]
+    assert "history" in list_tools(project)["memory_get"].input_schema["properties"]
+
+
+def test_expiry_in_the_library(throwaway_memory):
+    mem = throwaway_memory
+    mem.index([rec("cache warmup takes ten minutes", "warm", id="a", valid_until=PAST),
+               rec("cache warmup takes one minute", "warm", id="b")])
+    assert [h["id"] for h in mem.query("cache warmup", mode="lexical")["hits"]] == ["b"]
+    assert mem.stats()["retired"]["expired"] == 1
+
+
+# -- as-of -----------------------------------------------------------------------------------
+def history_project(project):
+    """a (2026-01) forgotten at 2026-06; b (2026-02) superseded by c (2026-05); d created 2026-08;
+    e (2026-01) valid until 2026-04."""
+    assert index_records(project, [
+        rec("deploy through the blue green switch", "deploy", id="a", created_at="2026-01-01T00:00:00Z"),
+        rec("deploy through the old jenkins job", "deploy", id="b", created_at="2026-02-01T00:00:00Z"),
+        rec("deploy through github actions", "deploy", id="c", created_at="2026-05-01T00:00:00Z", supersedes="b"),
+        rec("deploy through argo rollouts", "deploy", id="d", created_at="2026-08-01T00:00:00Z"),
+        rec("deploy only on tuesdays", "deploy", id="e", created_at="2026-01-01T00:00:00Z",
+            valid_until="2026-04-01T00:00:00Z"),
+    ]).code == 0
+    assert forget(project, "a", "replaced by argo").code == 0
+    tombstone_at(project, "a", "2026-06-01T00:00:00Z")
+
+
+def ids_as_of(project, when: str | None, *extra: str) -> set[str]:
+    args = ["deploy", "--mode", "lexical", "--k", "20", *extra] + ([] if when is None else ["--as-of", when])
+    got = query(project, *args)
+    assert got.code == 0, got.err
+    return {h["id"] for h in got.json["hits"]}
+
+
+def test_as_of_before_and_after_forget_supersede_creation_and_expiry(project):
+    history_project(project)
+    assert ids_as_of(project, None) == {"c", "d"}
+    assert ids_as_of(project, "2025-12-01T00:00:00Z") == set()  # before creation
+    assert ids_as_of(project, "2026-03-01T00:00:00Z") == {"a", "b", "e"}  # before the supersede and the forget
+    assert ids_as_of(project, "2026-04-01T00:00:00Z") == {"a", "b"}  # e expired at T
+    assert ids_as_of(project, "2026-05-01T00:00:00Z") == {"a", "c"}  # c superseded b at its created_at
+    assert ids_as_of(project, "2026-06-01T00:00:00Z") == {"c"}  # a forgotten at T
+    assert ids_as_of(project, "2026-07-01T00:00+02:00") == {"c"}
+    assert ids_as_of(project, "2026-09-01T00:00:00Z") == {"c", "d"}
+    assert ids_as_of(project, "2026-03-01T00:00:00Z", "--since", "2026-01-15T00:00:00Z") == {"b"}
+
+
+def test_as_of_answer_says_so_and_hybrid_ranks_records_without_vectors(project):
+    history_project(project)
+    got = query(project, "deploy jenkins", "--as-of", "2026-03-01T00:00:00Z")
+    assert got.code == 0, got.err
+    assert got.json["hits"][0]["id"] == "b"
+    assert got.json["query"]["filters"]["as_of"] == "2026-03-01T00:00:00Z"
+    as_of = got.json["query"]["as_of"]
+    assert as_of["live"] == 3 and as_of["retired_since"] == 3 and got.json["counts"]["records"] == 3
+    assert got.json["degraded"] is None
+    before = query(project, "deploy", "--as-of", "2025-01-01T00:00:00Z")
+    assert before.json["hits"] == [] and before.json["warnings"][0]["code"] == "filters-match-nothing"
+
+
+def test_live_at_is_the_log_meaning(project):
+    history_project(project)
+    scan = read((memory_dir(project) / "records.jsonl").read_bytes())
+    from nubos_memory.records import iso_to_epoch
+
+    at = live_at(scan, iso_to_epoch("2026-03-01T00:00:00Z"))
+    assert [scan.records[p]["id"] for p in at] == ["a", "b", "e"]
+    assert isinstance(at, np.ndarray)
+
+
+def test_as_of_in_the_library_and_invalid_times(project, throwaway_memory):
+    mem = throwaway_memory
+    mem.index([rec("queue retries back off", "retry", id="q1", created_at="2026-01-01T00:00:00Z"),
+               rec("queue retries are fixed", "retry", id="q2", created_at="2026-03-01T00:00:00Z",
+                   supersedes="q1")])
+    assert [h["id"] for h in mem.query("queue retries", as_of="2026-02-01T00:00:00Z")["hits"]] == ["q1"]
+    assert [h["id"] for h in mem.query("queue retries")["hits"]] == ["q2"]
+    index_records(project, [rec("anything at all", "x")])
+    for bad in ("yesterday", "2026-01-01T00:00:00"):
+        got = query(project, "anything", "--as-of", bad)
+        assert got.code == 5 and got.error["code"] == "query-invalid-as-of"
+
+
+def test_answers_without_the_options_are_unchanged(project, tmp_path):
+    """A query's JSON is the same whether or not the log holds the feature's fields (valid_until in
+    the future), and a get without --history has no history key."""
+    base = [rec("pin node with volta", "node", id="n1", created_at="2026-01-01T00:00:00Z"),
+            rec("pin pnpm with corepack", "pnpm", id="n2", created_at="2026-01-02T00:00:00Z")]
+    assert index_records(project, base).code == 0
+    plain = query(project, "pin node pnpm", "--mode", "lexical").json
+    other = tmp_path / "other"
+    other.mkdir()
+    assert run_cli(["memory-init", "--root", str(other)]).code == 0
+    (other / ".nubos-pilot" / "config.json").write_text((project / ".nubos-pilot" / "config.json").read_text())
+    assert index_records(other, [{**r, "valid_until": FUTURE} for r in base]).code == 0
+    timed = query(other, "pin node pnpm", "--mode", "lexical").json
+    for hit in timed["hits"]:
+        assert hit["record"].pop("valid_until") == FUTURE
+    assert json.dumps(plain, sort_keys=True) == json.dumps(timed, sort_keys=True).replace(str(other), str(project))
+    assert "as_of" not in plain["query"]["filters"] and "as_of" not in plain["query"]
+    assert "history" not in get(project, "n1").json["records"][0]
+
+
+# -- history ---------------------------------------------------------------------------------
+def test_history_lists_versions_in_order_with_their_fates(project):
+    history_project(project)
+    assert index_records(project, [rec("deploy through the blue green switch, again", "deploy", id="a",
+                                       created_at="2026-07-01T00:00:00Z")]).code == 0
+    got = get(project, "a", "b", "e", "--history")
+    assert got.code == 0, got.err
+    by_id = {r["id"]: r for r in got.json["records"]}
+    a = by_id["a"]["history"]
+    assert [v["record"]["title"] for v in a] == ["deploy through the blue green switch",
+                                                "deploy through the blue green switch, again"]
+    assert a[0]["retired"] == {"reason": "replaced by argo", "at": "2026-06-01T00:00:00Z"} and not a[0]["live"]
+    assert a[1]["live"] and a[1]["retired"] is None and a[0]["line"] < a[1]["line"]
+    assert by_id["b"]["history"][0]["retired"] == {"reason": "superseded", "by": "c", "at": "2026-05-01T00:00:00Z"}
+    assert by_id["e"]["history"][0]["retired"] == {"reason": "expired", "at": "2026-04-01T00:00:00Z"}
+    assert by_id["b"]["retired"] == {"reason": "superseded", "by": "c"}  # the plain answer as before
