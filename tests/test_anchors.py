@@ -192,3 +192,27 @@ def test_ingest_anchors_each_chunk_to_its_file_and_section(project):
     guide.write_text(guide.read_text().replace("then test", "then test twice"))
     hit = query(project, "build retry make", "--mode", "lexical").json["hits"][0]
     assert hit["record"]["heading"] == "Build retry" and hit["freshness"] == "drifted"  # until re-ingested
+
+
+@pytest.mark.parametrize("old, new, kind", [("CI uses Node 18 for the build", "CI uses Node 20 for the build", "number"),
+                                            ("pin pnpm v9.1.1 in CI builds", "pin pnpm v9.1.2 in CI builds", "version"),
+                                            ("run the migrations on friday", "never run the migrations on friday",
+                                             "negation")])
+def test_a_collapsed_older_statement_that_disagrees_is_named_and_said(project, old, new, kind):
+    from .conftest import write_config
+
+    write_config(project, near_duplicate=0.5)  # the hash embedder's cosines are lower than the model's
+    for title, at in ((old, "2026-01-01T00:00:00Z"), (new, "2026-06-01T00:00:00Z")):
+        assert run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", title,
+                        "--created-at", at]).code == 0
+    hit = query(project, new).json["hits"][0]
+    assert hit["record"]["title"] == new and hit["collapsed"]["count"] == 1
+    assert [(c["kind"], c["said"]) for c in hit["conflicts"]] == [(kind, old)]
+    assert f"supersedes an older note that said “{old}”" in query(project, new, "--format", "md").out
+
+
+def test_a_repeat_in_other_words_is_no_conflict():
+    from nubos_memory.search.dedup import contradiction
+
+    assert contradiction({"title": "Use corepack to pin pnpm", "body": ""},
+                         {"title": "use Corepack to pin pnpm!", "body": ""}) is None
