@@ -301,4 +301,9 @@ EVAL = (
 SERVE = (Param("idle_timeout", float, "stop after this many seconds without a request (default: never)",
                default=0.0),)
 
+DOCTOR = (
+    Param("format", str, "text (default): the report for a person; json: the same report as data",
+          default="text", choices=("text", "json")),
+)
+
 QUERY_PARAMS = {p.name: p for p in QUERY}

@@ -204,3 +204,76 @@ def test_an_unknown_branch_value_is_refused(repo):
     with pytest.raises(InputError) as exc:
         Memory.open(repo).query("x", branch="feature")
     assert exc.value.code == "query-invalid-branch"
+
+
+# -- 3. memory-doctor ---------------------------------------------------------------------------
+def doctor(root: Path, *extra: str):
+    res = run_cli(["memory-doctor", "--root", str(root), *extra])
+    assert res.code == 0, res.err
+    return res
+
+
+def test_doctor_reports_where_git_index_runtime_and_anchors_as_text_and_json(repo):
+    (repo / "retry.py").write_text("def retry():\n    return 3\n")
+    git(repo, "add", "retry.py")
+    git(repo, "commit", "-q", "-m", "retry")
+    for title in ("kept", "drifts"):
+        res = run_cli(["memory-add", "--root", str(repo), "--type", "learning", "--title", f"retry {title}",
+                       "--body", "b", "--anchor", "retry.py:1-2" if title == "kept" else "retry.py:2"])
+        assert res.code == 0, res.err
+    (repo / "retry.py").write_text("def retry():\n    return 5\n")
+    report = doctor(repo, "--format", "json").json
+    head = git(repo, "rev-parse", "HEAD")
+    assert report["root"] == str(repo.resolve()) and report["found_by"] == "flag"
+    assert report["memory_dir"] == str(repo.resolve() / ".nubos-pilot" / "memory") and report["backend"] == "files"
+    assert report["git"] == {"branch": "main", "commit": head, "worktree": "."}
+    assert report["index"]["current"] is True and report["index"]["records"] == 2
+    assert report["runtime"] == {"runtime": "hash"}
+    assert report["anchors"]["anchored"] == 2 and report["anchors"]["drifted"] == 2
+    assert report["anchors"]["fix"] == "np-tools memory-verify"
+    assert report["problems"] == [] and report["healthy"] is True
+    text = doctor(repo).out
+    assert "found by    --root" in text and f"git           main at {head[:12]}" in text
+    assert "index         current: 2 of 2 record(s) indexed" in text
+    assert "2 anchored record(s): 0 verified, 0 moved, 2 drifted, 0 missing" in text
+    assert "no problems found" in text
+    assert not text.lstrip().startswith("{")
+
+
+def test_doctor_names_each_problem_with_the_command_that_fixes_it(repo):
+    add(repo, "retry budget")
+    log = repo / ".nubos-pilot" / "memory" / "records.jsonl"
+    by_hand = {"id": "by-hand", "type": "learning", "phase": None, "title": "written by hand", "body": "",
+               "tags": [], "provenance": None, "created_at": "2026-01-01T00:00:00Z"}
+    with log.open("a") as f:
+        f.write("{not json\n" + json.dumps(by_hand) + "\n")
+    report = doctor(repo, "--format", "json").json
+    fixes = {p["code"]: p["fix"] for p in report["problems"]}
+    assert fixes == {"records-corrupt-line": "np-tools memory-compact", "index-behind": "np-tools memory-rebuild"}
+    assert report["index"]["current"] is False and report["index"]["pending"] == 1 and report["healthy"] is False
+    text = doctor(repo).out
+    assert "problem       records-corrupt-line" in text and "  fix         np-tools memory-compact" in text
+    assert "index         behind (1 pending, 0 stale)" in text and "  fix         np-tools memory-rebuild" in text
+
+
+def test_doctor_outside_git_and_while_disabled(tmp_path, monkeypatch):
+    root = tmp_path / "plain"
+    root.mkdir()
+    monkeypatch.setenv("NUBOS_PILOT_ROOT", str(root))
+    res = run_cli(["memory-doctor", "--format", "json"])
+    assert res.code == 0, res.err
+    report = res.json
+    assert report["found_by"] == "env" and report["git"] is None and report["enabled"] is False
+    assert report["problems"][0]["fix"] == "np-tools memory-init"
+    text = run_cli(["memory-doctor"]).out
+    assert "not a git repository" in text and "$NUBOS_PILOT_ROOT" in text
+
+
+def test_doctor_never_loads_the_model(tmp_path):
+    from .test_light_verbs import _probe
+
+    root = tmp_path / "p"
+    root.mkdir()
+    res = _probe([["memory-init", "--root", str(root)], ["memory-doctor", "--root", str(root)],
+                  ["memory-doctor", "--root", str(root), "--format", "json"]])
+    assert res["codes"] == [0, 0, 0] and res["heavy"] == []

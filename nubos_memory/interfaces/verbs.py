@@ -302,6 +302,15 @@ def _stats(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).stats()
 
 
+@verb("memory-doctor", "one report: where this memory is and why, git, index, runtime, anchors, damage, and the "
+      "command that fixes each problem (--format json: as data)", P.DOCTOR, served=False)
+def _doctor(ctx: Context, request: Request) -> Any:
+    from ..api.doctor import render
+
+    report = _memory(ctx, request).doctor(root_flag=request.get("root"))
+    return report if request.get("format") == "json" else render(report)  # text is printed as it is
+
+
 @verb("memory-namespaces", "team memory: the namespaces of the database, with their counts and last write")
 def _namespaces(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).namespaces()
