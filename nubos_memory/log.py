@@ -71,7 +71,7 @@ from . import codes
 from .fsio import JSONDecodeError, dumps, loads
 from .limits import MAX_REASON
 from .records import now_iso, read_record, valid_anchors
-from .types import Record
+from .types import Problem, Record
 
 MAX_LINE = 1 << 20  # bytes; a longer line is reported, never parsed
 MAX_GROUP = 1_000_000
@@ -121,9 +121,9 @@ class LogScan:
     def live_count(self) -> int:
         return len(self.records) - len(self.dead)
 
-    def warnings(self, limit: int = 20) -> list[dict[str, Any]]:
+    def warnings(self, limit: int = 20) -> list[Problem]:
         """Damage worth telling every caller about, ``limit`` of each kind (``problems`` has all counts)."""
-        out = [{"code": codes.RECORDS_CORRUPT_LINE, **c} for c in self.corrupt[:limit]]
+        out: list[Any] = [{"code": codes.RECORDS_CORRUPT_LINE, **c} for c in self.corrupt[:limit]]
         # (an id repeated with other content is said once, in memory-stats: problems(); not on every answer)
         out += [{"code": codes.RECORDS_GROUP_DAMAGED, **g} for g in self.damaged_groups[:limit]]
         out += [{"code": codes.RECORDS_STRAY_OP, **s} for s in self.stray_ops[:limit]]

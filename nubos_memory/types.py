@@ -7,7 +7,7 @@ names are a contract (tests pin them).  ``TypedDict`` keeps them plain dicts
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, Required, TypedDict
 
 
 class Record(TypedDict):
@@ -67,10 +67,21 @@ class Manifest(TypedDict, total=False):
 
 
 class Problem(TypedDict, total=False):
-    """A warning or a consistency problem: a stable code and a message, plus details."""
+    """A warning or a consistency problem: a stable code (``codes.py``; always there) and a message, plus
+    where it is: the details each kind carries (``docs/errors.md``)."""
 
-    code: str
+    code: Required[str]
     message: str
+    ids: list[str]  # the records it is about
+    filters: dict[str, Any]  # a query's filters that matched nothing
+    path: str  # a file it is about
+    line: int  # a line of the log
+    lines: list[int]
+    count: int
+    excerpt: str  # the beginning of a damaged line
+    reason: str
+    bytes: int
+    open_group: dict[str, Any]
 
 
 class Hit(TypedDict):
@@ -93,7 +104,7 @@ class QueryResult(TypedDict):
     degraded: dict[str, Any] | None
     query: dict[str, Any]
     counts: dict[str, int]
-    warnings: list[dict[str, Any]]
+    warnings: list[Problem]
     budget: NotRequired[dict[str, Any]]
     scope: NotRequired[dict[str, Any]]  # the memory folders read, how each was found, branch and commit
 
@@ -115,7 +126,7 @@ class WriteResult(TypedDict):
     pending: int | None
     degraded: dict[str, Any] | None
     recovered: dict[str, Any] | None
-    warnings: list[dict[str, Any]]
+    warnings: list[Problem]
 
 
 class Consistency(TypedDict):
@@ -165,7 +176,7 @@ class Stats(TypedDict, total=False):
     memory_dir: str
     bytes: int
     scope: dict[str, Any]  # the memory folders read, how each was found, branch and commit
-    warnings: list[dict[str, Any]]
+    warnings: list[Problem]
 
 
 class AddResult(WriteResult):
@@ -181,7 +192,7 @@ class ForgetResult(TypedDict):
     forgotten: list[str]
     already_retired: list[str]
     recovered: dict[str, Any] | None
-    warnings: list[dict[str, Any]]
+    warnings: list[Problem]
 
 
 class GotRecord(TypedDict):
@@ -197,7 +208,7 @@ class GotRecord(TypedDict):
 class GetResult(TypedDict):
     records: list[GotRecord]
     missing: list[str]
-    warnings: list[dict[str, Any]]
+    warnings: list[Problem]
 
 
 class IngestResult(TypedDict):
@@ -213,7 +224,7 @@ class IngestResult(TypedDict):
     skipped: list[dict[str, Any]]
     failed: list[dict[str, Any]]
     degraded: dict[str, Any] | None
-    warnings: list[dict[str, Any]]
+    warnings: list[Problem]
 
 
 class RebuildResult(TypedDict):
@@ -229,4 +240,4 @@ class RebuildResult(TypedDict):
     skipped_lines: int
     invalid: int  # records the model gave no usable vector for (left pending)
     index: NotRequired[dict[str, Any]]  # the team database's index build after the rebuild
-    warnings: list[dict[str, Any]]
+    warnings: list[Problem]

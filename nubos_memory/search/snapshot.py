@@ -27,7 +27,7 @@ from .timeline import Timeline
 if TYPE_CHECKING:
     from ..log import LogScan
     from ..store.base import Store
-    from ..types import Manifest, Record
+    from ..types import Manifest, Problem, Record
 
 LEXICAL_SAVE_MIN = 64
 
@@ -46,7 +46,7 @@ class VectorState:
     behind: int = 0  # records that still have no vector after this operation's catching up
     invalid: int = 0  # records whose vector came out non-finite or zero: left pending, never stored
 
-    def notes(self) -> list[dict[str, Any]]:
+    def notes(self) -> "list[Problem]":
         """Warnings this operation's vector work is worth: vectors the model gave that were refused."""
         if not self.invalid:
             return []
