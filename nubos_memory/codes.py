@@ -174,6 +174,8 @@ MEMORY_FOLDER_WRITABLE = _code("memory-folder-writable", "the memory folder can 
 MEMORY_FOLDER_NOT_OWNED = _code("memory-folder-not-owned", "the memory folder belongs to another user")
 STORE_SYMLINK_REFUSED = _code("store-symlink-refused", "a memory file or folder is a symlink, or resolves outside "
                               "the project; it is not followed")
+WORKTREE_MEMORY_SKIPPED = _code("worktree-memory-skipped", "another git worktree's memory log was not read (a "
+                                "symlink, not a regular file, or unreadable); its records are not in the answer")
 
 # -- the team database (memory.backend postgres) ----------------------------------------------------
 STORE_DSN_MISSING = _code("store-dsn-missing", "the environment variable that holds the database address is unset")

@@ -47,3 +47,4 @@ PROVIDERS = ("local", "hash")
 RUNTIMES = ("auto", "onnx", "torch")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 BACKENDS = ("files", "postgres")
+WORKTREES = ("shared", "own")  # memory.worktrees: read the other git worktrees' logs too, or this one's only

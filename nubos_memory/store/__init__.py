@@ -13,6 +13,7 @@ from .usage import parse_duration
 if TYPE_CHECKING:
     from ..config import Project
     from .base import Store
+    from .worktrees import Scope
 
 
 def open_store(project: "Project") -> "Store":
@@ -23,7 +24,19 @@ def open_store(project: "Project") -> "Store":
         return PgStore(project, project.config.lock_timeout)
     from .files import FileStore
 
+    if project.config.worktrees == "shared" and scope(project).shared:  # other git worktrees: read them too
+        from .worktrees import WorktreeStore
+
+        return WorktreeStore(project, project.config.lock_timeout)
     return FileStore(project, project.config.lock_timeout)
 
 
-__all__ = ["open_store", "parse_duration"]
+def scope(project: "Project") -> "Scope":
+    """The one answer to what ``project`` reads: its memory folders, how each was found (flag, environment,
+    current folder, worktree), and the current branch and commit (``worktrees.resolve_scope``)."""
+    from .worktrees import resolve_scope
+
+    return resolve_scope(project)
+
+
+__all__ = ["open_store", "parse_duration", "scope"]

@@ -1,0 +1,418 @@
+"""Git worktrees: every agent of a repository reads the others' memory at once (``memory.worktrees``).
+
+Each worktree keeps writing to its own ``records.jsonl``, so a memory written on a branch is committed
+and merged with that branch.  With ``memory.worktrees: "shared"`` (the default) every read also sees
+the live records of the repository's other worktrees, found through git (``git worktree list
+--porcelain``): an agent in any worktree recalls what agents in the others wrote a second ago.
+
+* :func:`resolve_scope` is the one place that says which memory folders a project reads, how each was
+  found (flag, environment, current folder, worktree), and the current branch and commit; ``open_store``
+  picks the store with it, the store reads what it names, the answers carry it (``scope``).
+* :class:`WorktreeStore` is this worktree's :class:`~nubos_memory.store.files.FileStore` (every write,
+  the lock, settle, rewrite, redact, derived state and usage stay its own: nothing is ever written into
+  another worktree, and no other worktree's lock is taken) whose log reads as ONE log: the other
+  worktrees' lines first (by path), then this worktree's, so this worktree's appends extend the state
+  incrementally.  When another worktree's log changed (inode, size, mtime) everything is read again
+  (a new ``generation``: positions may move; the snapshot re-maps vectors by id and text hash).  While
+  this store holds the write lock the others are not looked at, so a write's positions stay put.
+  A record present in two worktrees (after a merge) is the same id and content: a quiet repeat.
+* Another worktree's memory folder is read only through plain folders and a regular file
+  (``O_NOFOLLOW``): a symlink anywhere on the way, or a log that is not a regular file, is skipped with a
+  ``worktree-memory-skipped`` warning.  A worktree whose folder is gone (removed, not yet pruned) is
+  skipped silently.
+
+Git is asked again only when what it would answer may have changed (this worktree's ``HEAD``, its
+branch's ref, ``packed-refs``, the repository's ``worktrees`` folder), so a read costs a few ``stat``
+calls, plus reading the other logs' new bytes when they changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import codes
+from ..config import MEMORY_DIR, STATE_DIR
+from ..fsio import open_regular
+from ..log import LogScan, feed, restart
+from ..trust import file_sha256
+from .files import RECORDS, FileStore
+from .lexcache import LexicalCache
+from .recordlog import FileCursor
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ..config import Project
+    from ..types import Record
+
+NOT_GIT_RETRY_S = 5.0  # a folder that is not in git is asked again after this long
+ZERO = "0" * 40
+_PROBLEM_LISTS = ("corrupt", "duplicates", "damaged_groups", "stray_ops", "rolled_back")
+
+
+@dataclass(frozen=True)
+class Folder:
+    """One memory folder a project reads."""
+
+    path: str
+    found: str  # flag, environment, current folder, given (a Project made in code), worktree
+    own: bool  # this worktree's: every write goes here
+    branch: str | None = None
+    commit: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "found": self.found, "own": self.own, "branch": self.branch,
+                "commit": self.commit}
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a project reads: its folders, how each was found, and where in git it is."""
+
+    folders: tuple[Folder, ...]
+    worktrees: str  # memory.worktrees as it applies here: shared, own, or none (not a git repository)
+    branch: str | None = None
+    commit: str | None = None
+    shared: bool = False  # other worktrees exist and are read (the WorktreeStore is used)
+    skipped: tuple[dict[str, Any], ...] = ()  # warnings: other worktrees' memory not read, and why
+
+    @property
+    def others(self) -> tuple[Folder, ...]:
+        return tuple(f for f in self.folders if not f.own)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"folders": [f.as_dict() for f in self.folders], "worktrees": self.worktrees,
+                "branch": self.branch, "commit": self.commit}
+
+
+@dataclass(frozen=True)
+class _Tree:
+    path: Path
+    branch: str | None
+    commit: str | None
+
+
+@dataclass
+class _Git:
+    """What git said about one project root, and what to watch to know it may say otherwise."""
+
+    top: Path
+    git_dir: Path
+    common_dir: Path
+    trees: list[_Tree] = field(default_factory=list)
+    watched: tuple[Any, ...] = ()
+
+
+_GIT: dict[Path, "_Git | float"] = {}  # root -> what git said, or when it said "not a repository"
+
+
+def _git(cwd: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=10,
+                              env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _stat_key(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _watched(info: _Git) -> tuple[Any, ...]:
+    """What changes when git's answer may: this worktree's HEAD, its branch's ref, packed refs, the
+    repository's worktrees (each one's HEAD too)."""
+    keys: list[Any] = [_stat_key(info.git_dir / "HEAD"), _stat_key(info.common_dir / "packed-refs"),
+                       _stat_key(info.common_dir / "worktrees")]
+    own = next((t for t in info.trees if t.path == info.top), None)
+    if own is not None and own.branch is not None:
+        keys.append(_stat_key(info.common_dir / "refs" / "heads" / own.branch))
+    try:
+        with os.scandir(info.common_dir / "worktrees") as entries:
+            keys += sorted((e.name, _stat_key(Path(e.path) / "HEAD")) for e in entries)
+    except OSError:
+        pass
+    return tuple(keys)
+
+
+def _porcelain(text: str) -> list[_Tree]:
+    trees: list[_Tree] = []
+    for block in text.strip().split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            key, _, value = line.partition(" ")
+            fields[key] = value
+        if "worktree" not in fields or "bare" in fields:
+            continue
+        branch = fields.get("branch")
+        commit = fields.get("HEAD")
+        trees.append(_Tree(Path(fields["worktree"]), branch.removeprefix("refs/heads/") if branch else None,
+                           None if not commit or commit == ZERO else commit))
+    return trees
+
+
+def _git_info(root: Path) -> _Git | None:
+    """What git says about ``root`` (cached until something it depends on changes), or None outside git."""
+    cached = _GIT.get(root)
+    if isinstance(cached, float):
+        if time.monotonic() - cached < NOT_GIT_RETRY_S:
+            return None
+        cached = None
+    if cached is not None and _watched(cached) == cached.watched:
+        return cached
+    if cached is None:
+        out = _git(root, "rev-parse", "--show-toplevel", "--absolute-git-dir", "--git-common-dir")
+        lines = out.splitlines() if out else []
+        if len(lines) < 3:
+            _GIT[root] = time.monotonic()
+            return None
+        top = Path(lines[0]).resolve()
+        cached = _Git(top, Path(lines[1]), (root / lines[2]).resolve())  # a relative one is from -C root
+    watched = _watched(cached)
+    listing = _git(root, "worktree", "list", "--porcelain")
+    cached.trees = [replace(t, path=t.path.resolve()) if t.path.exists() else t for t in _porcelain(listing or "")]
+    cached.watched = watched
+    _GIT[root] = cached
+    return cached
+
+
+def _other_folder(tree: _Tree, rel: Path) -> tuple[Folder | None, dict[str, Any] | None]:
+    """The memory folder of another worktree, if it has a log to read; or the warning why it is not read."""
+    path = tree.path
+    for part in (*rel.parts, STATE_DIR, MEMORY_DIR, RECORDS):
+        path = path / part
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None, None  # no memory there (or the worktree is gone): nothing to read
+        except OSError as exc:
+            return None, _skipped(tree, path, exc.strerror or "unreadable")
+        if stat.S_ISLNK(st.st_mode):
+            return None, _skipped(tree, path, "a symlink (never followed: it could lead anywhere)")
+        if part == RECORDS and not stat.S_ISREG(st.st_mode):
+            return None, _skipped(tree, path, "not a regular file")
+    return Folder(str(path.parent), "worktree", False, tree.branch, tree.commit), None
+
+
+def _skipped(tree: _Tree, path: Path, why: str) -> dict[str, Any]:
+    return {"code": codes.WORKTREE_MEMORY_SKIPPED, "path": str(path), "worktree": str(tree.path),
+            "message": f"the memory of worktree {tree.path} is not read: {path} is {why}"}
+
+
+def resolve_scope(project: "Project") -> Scope:
+    """Which memory folders ``project`` reads and how each was found, with the current branch and commit."""
+    config = project.config
+    if config.backend != "files":
+        info = _git_info(project.root)
+        return _own_only(project, info, "none", folders=False)
+    info = _git_info(project.root)
+    mode = config.worktrees if info is not None else "none"
+    if info is None or mode != "shared":
+        return _own_only(project, info, mode)
+    try:
+        rel = project.root.resolve().relative_to(info.top)
+    except ValueError:
+        return _own_only(project, info, mode)
+    others = sorted((t for t in info.trees if t.path != info.top), key=lambda t: str(t.path))
+    folders: list[Folder] = []
+    skipped: list[dict[str, Any]] = []
+    for tree in others:
+        folder, problem = _other_folder(tree, rel)
+        if folder is not None:
+            folders.append(folder)
+        if problem is not None:
+            skipped.append(problem)
+    own = _own_only(project, info, mode)
+    return replace(own, folders=(*own.folders, *folders), shared=bool(others), skipped=tuple(skipped))
+
+
+def _own_only(project: "Project", info: _Git | None, mode: str, *, folders: bool = True) -> Scope:
+    tree = None if info is None else next((t for t in info.trees if t.path == info.top), None)
+    branch, commit = (tree.branch, tree.commit) if tree is not None else (None, None)
+    own = (Folder(str(project.memory_dir), project.found, True, branch, commit),) if folders else ()
+    return Scope(own, mode, branch, commit)
+
+
+@dataclass(frozen=True)
+class WorktreeCursor:
+    """Where the one log was read to: this worktree's file (its own cursor; None: no file yet), the
+    other worktrees' logs as they were read (path, device, inode, size, mtime), and where this
+    worktree's records begin."""
+
+    own: FileCursor | None
+    others: tuple[tuple[str, int, int, int, int], ...]
+    own_start: int
+
+
+def _signature(path: Path, st: os.stat_result) -> tuple[str, int, int, int, int]:
+    return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class WorktreeStore(FileStore):
+    """This worktree's memory folder, reading the other worktrees' logs too (see the module docstring)."""
+
+    def __init__(self, project: "Project", lock_timeout: float):
+        super().__init__(project, lock_timeout)
+        self.lexcache = LexicalCache(self.folder, self._digest)
+        self._others_digest = ""  # identifies the other logs' bytes in the last full read
+        self._held = 0  # the write lock is held: the other logs are not looked at
+
+    def _digest(self, offset: int) -> str:
+        """The persisted lexical postings are valid for this log's first ``offset`` bytes after the other
+        logs' bytes as last read."""
+        own = file_sha256(self.folder / RECORDS, offset)
+        return hashlib.sha256(f"{self._others_digest}:{own}".encode()).hexdigest()
+
+    # -- the place -------------------------------------------------------------------------
+    def check(self) -> list[dict[str, Any]]:
+        return [*super().check(), *resolve_scope(self.project).skipped]
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "worktrees": [f.path for f in resolve_scope(self.project).others]}
+
+    def owns(self, path: Path) -> bool:
+        target = path.resolve()
+        return super().owns(path) or any(target == (Path(f.path) / RECORDS).resolve()
+                                         for f in resolve_scope(self.project).others)
+
+    # -- the log -----------------------------------------------------------------------------
+    def _other_logs(self) -> list[Path]:
+        return [Path(f.path) / RECORDS for f in resolve_scope(self.project).others]
+
+    @staticmethod
+    def _signatures(logs: list[Path]) -> tuple[tuple[str, int, int, int, int], ...]:
+        out = []
+        for path in logs:
+            try:
+                out.append(_signature(path, os.lstat(path)))
+            except OSError:
+                continue
+        return tuple(out)
+
+    def refresh(self, scan: LogScan | None) -> LogScan:
+        cursor = scan.cursor if scan is not None and isinstance(scan.cursor, WorktreeCursor) else None
+        if scan is None or cursor is None:
+            return self._read_all(scan)
+        if not self._held and self._signatures(self._other_logs()) != cursor.others:
+            return self._read_all(scan)
+        if cursor.own is None:
+            try:
+                st = os.lstat(self.log.path)
+            except FileNotFoundError:
+                return scan
+            scan.cursor = FileCursor(st.st_ino, b"")  # nothing of it read yet: scan.applied is 0
+        else:
+            scan.cursor = cursor.own
+        result = self.log.refresh(scan)
+        if result is not scan:  # this worktree's log was replaced (memory-compact, memory-redact): read all
+            scan.cursor = cursor
+            return self._read_all(scan)
+        own = scan.cursor if isinstance(scan.cursor, FileCursor) else None
+        scan.cursor = replace(cursor, own=own)
+        return scan
+
+    def _read_all(self, previous: LogScan | None) -> LogScan:
+        """Read every log again: the other worktrees' (by path), then this worktree's."""
+        while True:
+            fresh = restart(previous)
+            digest = hashlib.sha256()
+            signatures = []
+            for path in self._other_logs():
+                read = self._read_other(path)
+                if read is None:
+                    continue
+                data, st = read
+                signatures.append(_signature(path, st))
+                digest.update(f"{path}\0{len(data)}\0".encode())
+                digest.update(data)
+                self._feed_other(fresh, data, str(path.parent))
+            fresh.applied = fresh.size = fresh.lines = 0  # from here on, the bytes and lines of this log
+            fresh.partial_tail = None
+            own_start = len(fresh.records)
+            try:
+                st_own = os.lstat(self.log.path)
+            except FileNotFoundError:
+                fresh.cursor = WorktreeCursor(None, tuple(signatures), own_start)
+                break
+            fresh.cursor = FileCursor(st_own.st_ino, b"")
+            if self.log.refresh(fresh) is fresh:
+                own = fresh.cursor if isinstance(fresh.cursor, FileCursor) else None
+                fresh.cursor = WorktreeCursor(own, tuple(signatures), own_start)
+                break
+            # replaced between the lstat and the read: read everything again
+        self._others_digest = digest.hexdigest()
+        return fresh
+
+    @staticmethod
+    def _read_other(path: Path) -> tuple[bytes, os.stat_result] | None:
+        """Another worktree's whole lines (a torn last line is a write in progress there), never
+        through a symlink; None when it cannot be read now."""
+        try:
+            fd = open_regular(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read()
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        return data[: data.rfind(b"\n") + 1], st
+
+    @staticmethod
+    def _feed_other(scan: LogScan, data: bytes, folder: str) -> None:
+        """Apply another worktree's lines; its problems name its folder (their line numbers are its own)."""
+        before = {name: len(getattr(scan, name)) for name in _PROBLEM_LISTS}
+        scan.applied = scan.size = scan.lines = 0
+        scan.partial_tail = None
+        feed(scan, data)  # a group still open at its end is a write in progress there: held back
+        for name in _PROBLEM_LISTS:
+            for item in getattr(scan, name)[before[name]:]:
+                item["worktree"] = folder
+
+    def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
+        """``memory-compact`` compacts this worktree's log alone: its own live records (``records``, the
+        caller's view of every worktree, is not written here), and its retirements of records that
+        live in other worktrees (forget and redact lines naming an id this log holds no record of)."""
+        from ..log import classify
+
+        own = self.log.scan()
+        live = [own.records[p] for p in range(len(own.records)) if p not in own.dead]
+        kept = []
+        for line in self.export_lines():
+            kind, obj, _ = classify(line.rstrip(b"\r\n"))
+            if kind in ("forget", "redact") and obj["id"] not in own.position:
+                kept.append(obj)
+        done = super().rewrite(live)
+        if kept:
+            self.append([], kept)
+        return done
+
+    # -- the lock ------------------------------------------------------------------------------
+    @contextmanager
+    def _holding(self, inner: AbstractContextManager[Any]) -> Iterator[Any]:
+        with inner as got:
+            self._held += 1
+            try:
+                yield got
+            finally:
+                self._held -= 1
+
+    def lock(self, verb: str) -> AbstractContextManager[None]:
+        return self._holding(super().lock(verb))
+
+    def try_lock(self, verb: str) -> AbstractContextManager[bool]:
+        return self._holding(super().try_lock(verb))

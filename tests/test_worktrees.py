@@ -1,0 +1,269 @@
+"""Git worktrees share one memory at read time (``memory.worktrees``; ``store/worktrees.py``).
+
+Real git: a repository with a committed memory config, two more worktrees made with ``git worktree
+add``; each worktree writes its own ``records.jsonl``, every read sees the others'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from nubos_memory import codes
+from nubos_memory.config import load_project
+from nubos_memory.store import open_store, scope
+from nubos_memory.store.worktrees import WorktreeStore
+
+from . import test_store_contract as contract
+from .conftest import index_records, memory_dir, query, rec, run_cli, write_config
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+def git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True,
+                          env={**os.environ, **GIT_ENV}, check=True)
+    return done.stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> dict[str, Path]:
+    """main (branch main) with the memory initialised and committed; worktrees a and b on their own branches."""
+    main = tmp_path / "main"
+    main.mkdir()
+    git(main, "init", "-q", "-b", "main")
+    code, _, err = run_cli(["memory-init", "--root", str(main)])
+    assert code == 0, err
+    write_config(main, provider="hash", model="hash-256", lock_timeout=2.0, near_duplicate=None)
+    git(main, "add", "-A")
+    git(main, "commit", "-q", "-m", "memory")
+    trees = {"main": main}
+    for name in ("a", "b"):
+        trees[name] = tmp_path / name
+        git(main, "worktree", "add", "-q", "-b", name, str(trees[name]))
+    return trees
+
+
+def ids(result) -> list[str]:
+    return [h["id"] for h in result.json["hits"]]
+
+
+def add(root: Path, title: str, body: str = "") -> str:
+    code, out, err = index_records(root, [rec(title, body)])
+    assert code == 0, err
+    return out["ids"][0]
+
+
+def snapshot_files(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_a_record_written_in_one_worktree_is_recalled_in_another_at_once(repo):
+    rid = add(repo["a"], "Flaky payments test", "the payments test needs a fixed clock")
+    before = snapshot_files(memory_dir(repo["a"]))
+    result = query(repo["b"], "payments clock")
+    assert result.code == 0, result.err
+    assert rid in ids(result)
+    got = result.json["scope"]
+    folders = {Path(f["path"]): f for f in got["folders"]}
+    assert folders[memory_dir(repo["b"]).resolve()]["own"] is True
+    assert folders[memory_dir(repo["b"]).resolve()]["found"] == "flag"
+    assert folders[memory_dir(repo["a"]).resolve()]["found"] == "worktree"
+    assert folders[memory_dir(repo["a"]).resolve()]["branch"] == "a"
+    assert got["branch"] == "b" and got["commit"] == git(repo["b"], "rev-parse", "HEAD").strip()
+    assert got["worktrees"] == "shared"
+    # B's write does not touch A's files
+    add(repo["b"], "Deploys need the VPN", "staging deploys go through the VPN")
+    assert snapshot_files(memory_dir(repo["a"])) == before
+    assert rid in ids(query(repo["main"], "payments clock"))
+
+
+def test_stats_carry_the_scope_and_count_every_worktree(repo):
+    add(repo["a"], "one record in a")
+    add(repo["b"], "one record in b")
+    code, out, err = run_cli(["memory-stats", "--root", str(repo["main"])])
+    assert code == 0, err
+    assert out["count"] == 2
+    assert len(out["scope"]["folders"]) == 3
+    assert out["scope"]["branch"] == "main"
+
+
+def test_own_hides_the_other_worktrees(repo):
+    rid = add(repo["a"], "Flaky payments test", "the payments test needs a fixed clock")
+    write_config(repo["b"], worktrees="own")
+    result = query(repo["b"], "payments clock")
+    assert result.code == 0, result.err
+    assert rid not in ids(result)
+    assert result.json["scope"]["worktrees"] == "own"
+    assert [f["own"] for f in result.json["scope"]["folders"]] == [True]
+
+
+def test_the_setting_is_validated(repo):
+    write_config(repo["b"], worktrees="everyone")
+    code, _, err = run_cli(["memory-stats", "--root", str(repo["b"])])
+    assert code != 0 and err["code"] == codes.CONFIG_INVALID_VALUE
+
+
+def test_a_removed_worktree_is_skipped_without_error(repo):
+    rid = add(repo["a"], "in a", "alpha words")
+    add(repo["b"], "in b", "beta words")
+    assert rid in ids(query(repo["main"], "alpha words"))
+    git(repo["main"], "worktree", "remove", "--force", str(repo["a"]))
+    result = query(repo["main"], "alpha words")
+    assert result.code == 0, result.err
+    assert rid not in ids(result)
+    assert not [w for w in result.json["warnings"] if w["code"] == codes.WORKTREE_MEMORY_SKIPPED]
+    git(repo["main"], "worktree", "prune")
+    assert query(repo["main"], "alpha words").code == 0
+
+
+def test_a_folder_deleted_but_not_pruned_is_skipped(repo):
+    import shutil
+
+    add(repo["a"], "in a", "alpha words")
+    shutil.rmtree(repo["a"])  # git still lists it (prunable)
+    result = query(repo["b"], "alpha words")
+    assert result.code == 0, result.err
+    assert result.json["hits"] == []
+
+
+def test_a_memory_folder_that_is_a_symlink_is_skipped_with_a_warning(repo, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "records.jsonl").write_text(json.dumps({"id": "secret", "type": "learning", "title": "stolen",
+                                                       "body": "outside words"}) + "\n")
+    folder = memory_dir(repo["a"])
+    import shutil
+
+    shutil.rmtree(folder)
+    folder.symlink_to(outside)
+    result = query(repo["b"], "outside words")
+    assert result.code == 0, result.err
+    assert "secret" not in ids(result)
+    skipped = [w for w in result.json["warnings"] if w["code"] == codes.WORKTREE_MEMORY_SKIPPED]
+    assert skipped and "symlink" in skipped[0]["message"]
+    assert all(Path(f["path"]) != folder.resolve() for f in result.json["scope"]["folders"])
+
+
+def test_a_log_that_is_a_symlink_is_skipped(repo, tmp_path):
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_text(json.dumps({"id": "secret", "type": "learning", "title": "t", "body": "outside"}) + "\n")
+    (memory_dir(repo["a"]) / "records.jsonl").symlink_to(outside)
+    result = query(repo["b"], "outside")
+    assert result.code == 0, result.err
+    assert "secret" not in ids(result)
+    assert [w for w in result.json["warnings"] if w["code"] == codes.WORKTREE_MEMORY_SKIPPED]
+
+
+def test_concurrent_writes_in_two_worktrees_are_both_seen_from_a_third(repo):
+    from .conftest import run_sub
+
+    def write(root: Path, n: int) -> None:
+        for i in range(n):
+            r = run_sub(["memory-index", "--root", str(root), "--records-file", "-"],
+                        stdin=json.dumps(rec(f"{root.name} note {i}", f"written in {root.name} number {i}")))
+            assert r.code == 0, r.err
+
+    threads = [threading.Thread(target=write, args=(repo[name], 3)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    code, out, err = run_cli(["memory-stats", "--root", str(repo["main"])])
+    assert code == 0, err
+    assert out["count"] == 6
+
+
+def test_after_a_merge_each_record_appears_once(repo):
+    shared_text = "the cache must be warmed before the benchmark"
+    add(repo["b"], "Warm the cache", shared_text)
+    add(repo["main"], "Main note", "written on main")
+    for name in ("b", "main"):
+        git(repo[name], "add", "-A")
+        git(repo[name], "commit", "-q", "-m", f"memory on {name}")
+    git(repo["main"], "merge", "-q", "--no-edit", "b")
+    log = (memory_dir(repo["main"]) / "records.jsonl").read_text().splitlines()
+    assert len(log) == 2 and not any(line.startswith(("<<<<", ">>>>")) for line in log)
+    # main's log now holds b's record too, and b still holds it: the same id and content, once in answers
+    result = query(repo["a"], "warm cache benchmark", "--k", "10")
+    assert result.code == 0, result.err
+    found = ids(result)
+    assert len(found) == len(set(found))
+    code, out, err = run_cli(["memory-stats", "--root", str(repo["a"])])
+    assert code == 0, err
+    assert out["count"] == 2
+    assert not [p for p in out["consistency"]["problems"] if p["code"] == codes.RECORDS_DUPLICATE_ID]
+
+
+def test_outside_a_multi_worktree_repository_nothing_changes(tmp_path, project):
+    store = open_store(load_project(project))
+    assert type(store).__name__ == "FileStore"
+    got = scope(load_project(project))
+    assert got.worktrees == "none" and got.branch is None and len(got.folders) == 1
+    assert got.folders[0].found == "flag"
+
+
+def test_a_write_elsewhere_changes_the_generation_and_the_vectors_follow(repo):
+    """Another worktree's append re-reads everything (positions move); the vectors are re-mapped by
+    id and text hash, so a query in this worktree still finds its own and the other's records."""
+    from nubos_memory import Memory
+
+    mine = add(repo["b"], "Own note", "a note about gardening tomatoes")
+    mem = Memory.open(str(repo["b"]))
+    first = mem.query("gardening tomatoes", k=5)
+    assert mine in [h["id"] for h in first["hits"]]
+    generation = mem.scan().generation
+    theirs = add(repo["a"], "Their note", "a note about pruning tomatoes")
+    second = mem.query("tomatoes", k=5, mode="vector")
+    assert mem.scan().generation > generation
+    assert {mine, theirs} <= {h["id"] for h in second["hits"]}
+    stats = mem.stats()
+    assert not [p for p in stats["consistency"]["problems"] if p["code"] == codes.RECORDS_DUPLICATE_ID]
+
+
+# -- the store contract, run against the composed store ------------------------------------------------------
+class TestWorktreeStoreContract(contract.TestStoreContract):
+    """Every scenario of ``tests/test_store_contract.py`` on a :class:`WorktreeStore` of a worktree whose
+    repository has another worktree with a (still empty) log: the composed reading must not change what
+    the store's own log amounts to."""
+
+    @pytest.fixture
+    def stores(self, request: pytest.FixtureRequest, tmp_path: Path,
+               monkeypatch: pytest.MonkeyPatch) -> contract.Stores:
+        """The between-stores scenario's other memories (a database one only in the contract suite)."""
+        if request.node.callspec.params.get("target") == "postgres":
+            pytest.skip("export into the team database is the contract suite's")
+        return contract.Stores(request, tmp_path, monkeypatch)
+
+    @pytest.fixture
+    def h(self, request: pytest.FixtureRequest, tmp_path: Path) -> contract.Harness:
+        if getattr(request, "param", "files") != "files":
+            pytest.skip("the composed store is a file store: the other kinds' runs are the contract suite's")
+        main = tmp_path / "wt-main"
+        main.mkdir()
+        git(main, "init", "-q", "-b", "main")
+        assert run_cli(["memory-init", "--root", str(main)]).code == 0
+        write_config(main, provider="hash", model="hash-256", lock_timeout=2.0, near_duplicate=None)
+        git(main, "add", "-A")
+        git(main, "commit", "-q", "-m", "memory")
+        other = tmp_path / "wt-other"
+        git(main, "worktree", "add", "-q", "-b", "other", str(other))
+        (memory_dir(other) / "records.jsonl").write_bytes(b"")
+        project = load_project(main)
+        store = open_store(project)
+        assert isinstance(store, WorktreeStore)
+        store.prepare()
+
+        def backup() -> list[bytes]:
+            backups = sorted(store.folder.glob("records.jsonl.bak-*"))
+            return backups[-1].read_bytes().splitlines(keepends=True) if backups else []
+
+        return contract.Harness("files", store, project, lambda: WorktreeStore(project, contract.LOCK_S), backup,
+                                [contract.Crash("torn-line", contract._files_torn, "rolled-back"),
+                                 contract.Crash("open-group", contract._files_open_group, "committed")])
