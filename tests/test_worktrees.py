@@ -267,3 +267,41 @@ class TestWorktreeStoreContract(contract.TestStoreContract):
         return contract.Harness("files", store, project, lambda: WorktreeStore(project, contract.LOCK_S), backup,
                                 [contract.Crash("torn-line", contract._files_torn, "rolled-back"),
                                  contract.Crash("open-group", contract._files_open_group, "committed")])
+
+
+def test_a_forget_in_one_worktree_hides_the_record_in_every_worktree(repo):
+    rid = add(repo["a"], "Wrong note", "the staging password is hunter2")
+    code, out, err = run_cli(["memory-forget", "--root", str(repo["b"]), rid, "--reason", "wrong"])
+    assert code == 0, err
+    for name in ("a", "b", "main"):
+        result = query(repo[name], "staging password")
+        assert result.code == 0, result.err
+        assert rid not in ids(result), name
+    assert rid.encode() not in (memory_dir(repo["b"]) / "records.jsonl").read_bytes().split(b'"op"')[0]
+
+
+def test_compact_in_a_worktree_keeps_only_its_own_records_and_its_forgets_of_others(repo):
+    theirs = add(repo["a"], "Their note", "written in a")
+    gone = add(repo["a"], "Their wrong note", "a wrong note written in a")
+    mine = add(repo["b"], "My note", "written in b")
+    assert run_cli(["memory-forget", "--root", str(repo["b"]), gone]).code == 0
+    before_a = snapshot_files(memory_dir(repo["a"]))
+    code, out, err = run_cli(["memory-compact", "--root", str(repo["b"])])
+    assert code == 0, err
+    lines = [json.loads(x) for x in (memory_dir(repo["b"]) / "records.jsonl").read_text().splitlines()]
+    assert [x["id"] for x in lines if "op" not in x] == [mine]
+    assert [(x["op"], x["id"]) for x in lines if "op" in x and x["op"] == "forget"] == [("forget", gone)]
+    assert snapshot_files(memory_dir(repo["a"])) == before_a
+    found = {h["id"] for h in query(repo["b"], "note written", "--k", "10").json["hits"]}
+    assert found == {theirs, mine}
+
+
+def test_the_saved_lexical_index_is_not_reused_when_another_worktree_changed(repo):
+    """The persisted postings cover the other logs' bytes as read: another worktree's append must not
+    leave this worktree with postings whose positions moved."""
+    add(repo["a"], "First of a", "apples grow on trees")
+    mine = add(repo["b"], "Own of b", "bananas grow on plants")
+    assert run_cli(["memory-rebuild", "--root", str(repo["b"])]).code == 0  # saves the lexical index
+    theirs = add(repo["a"], "Second of a", "cherries grow on trees")
+    assert ids(query(repo["b"], "bananas plants", "--mode", "lexical"))[0] == mine
+    assert ids(query(repo["b"], "cherries", "--mode", "lexical"))[0] == theirs

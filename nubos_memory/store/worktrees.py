@@ -16,6 +16,9 @@ the live records of the repository's other worktrees, found through git (``git w
   (a new ``generation``: positions may move; the snapshot re-maps vectors by id and text hash).  While
   this store holds the write lock the others are not looked at, so a write's positions stay put.
   A record present in two worktrees (after a merge) is the same id and content: a quiet repeat.
+  The logs have no order between them, so a forget (or redact) in one worktree's log retires that id's
+  records in every other log, whichever is read first (a record forgotten in worktree B is gone in A
+  too, though A's log, read last in A, holds the record after B's forget).
 * Another worktree's memory folder is read only through plain folders and a regular file
   (``O_NOFOLLOW``): a symlink anywhere on the way, or a log that is not a regular file, is skipped with a
   ``worktree-memory-skipped`` warning.  A worktree whose folder is gone (removed, not yet pruned) is
@@ -42,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 from .. import codes
 from ..config import MEMORY_DIR, STATE_DIR
 from ..fsio import open_regular
-from ..log import LogScan, feed, restart
+from ..limits import MAX_REASON
+from ..log import LogScan, classify, feed, restart
 from ..trust import file_sha256
 from .files import RECORDS, FileStore
 from .lexcache import LexicalCache
@@ -269,6 +273,7 @@ class WorktreeStore(FileStore):
         self.lexcache = LexicalCache(self.folder, self._digest)
         self._others_digest = ""  # identifies the other logs' bytes in the last full read
         self._held = 0  # the write lock is held: the other logs are not looked at
+        self._retired: dict[str, tuple[str, dict[str, Any]]] = {}  # id -> (folder, its forget) in other logs
 
     def _digest(self, offset: int) -> str:
         """The persisted lexical postings are valid for this log's first ``offset`` bytes after the other
@@ -316,7 +321,10 @@ class WorktreeStore(FileStore):
             scan.cursor = FileCursor(st.st_ino, b"")  # nothing of it read yet: scan.applied is 0
         else:
             scan.cursor = cursor.own
+        start = len(scan.records)
         result = self.log.refresh(scan)
+        if result is scan:
+            self._retire_across(scan, start, None)
         if result is not scan:  # this worktree's log was replaced (memory-compact, memory-redact): read all
             scan.cursor = cursor
             return self._read_all(scan)
@@ -330,6 +338,8 @@ class WorktreeStore(FileStore):
             fresh = restart(previous)
             digest = hashlib.sha256()
             signatures = []
+            logs = []
+            self._retired = {}
             for path in self._other_logs():
                 read = self._read_other(path)
                 if read is None:
@@ -338,7 +348,12 @@ class WorktreeStore(FileStore):
                 signatures.append(_signature(path, st))
                 digest.update(f"{path}\0{len(data)}\0".encode())
                 digest.update(data)
-                self._feed_other(fresh, data, str(path.parent))
+                logs.append((str(path.parent), data))
+                self._note_retirements(str(path.parent), data)
+            for folder, data in logs:
+                start = len(fresh.records)
+                self._feed_other(fresh, data, folder)
+                self._retire_across(fresh, start, folder)
             fresh.applied = fresh.size = fresh.lines = 0  # from here on, the bytes and lines of this log
             fresh.partial_tail = None
             own_start = len(fresh.records)
@@ -349,12 +364,39 @@ class WorktreeStore(FileStore):
                 break
             fresh.cursor = FileCursor(st_own.st_ino, b"")
             if self.log.refresh(fresh) is fresh:
+                self._retire_across(fresh, own_start, None)
                 own = fresh.cursor if isinstance(fresh.cursor, FileCursor) else None
                 fresh.cursor = WorktreeCursor(own, tuple(signatures), own_start)
                 break
             # replaced between the lstat and the read: read everything again
         self._others_digest = digest.hexdigest()
         return fresh
+
+    def _note_retirements(self, folder: str, data: bytes) -> None:
+        """The ids another worktree's log forgets or redacts (a forget of a record that lives in a log read
+        after it would otherwise find nothing to retire)."""
+        if b'"forget"' not in data and b'"redact"' not in data:
+            return
+        for raw in data.split(b"\n"):
+            if b'"op"' in raw and (b'"forget"' in raw or b'"redact"' in raw):
+                kind, obj, _ = classify(raw)
+                if kind in ("forget", "redact"):
+                    self._retired[obj["id"]] = (folder, {"reason": "redacted" if kind == "redact" else
+                                                         obj.get("reason") or "forgotten", "at": obj.get("at")})
+
+    def _retire_across(self, scan: LogScan, start: int, folder: str | None) -> None:
+        """Records read from ``folder``'s log (None: this worktree's) from ``start`` on that another
+        worktree's log forgets: retired, wherever that forget was read (the logs have no order between them)."""
+        if not self._retired:
+            return
+        for pos in range(start, len(scan.records)):
+            rid = scan.records[pos]["id"]
+            found = self._retired.get(rid)
+            if found is not None and found[0] != folder and scan.live(rid) == pos:
+                why = found[1]
+                scan.dead[pos] = {"line": scan.line_of[pos], "reason": str(why["reason"])[:MAX_REASON],
+                                  "at": why["at"], "worktree": found[0]}
+                scan.deaths.append(pos)
 
     @staticmethod
     def _read_other(path: Path) -> tuple[bytes, os.stat_result] | None:
@@ -387,8 +429,6 @@ class WorktreeStore(FileStore):
         """``memory-compact`` compacts this worktree's log alone: its own live records (``records``, the
         caller's view of every worktree, is not written here), and its retirements of records that
         live in other worktrees (forget and redact lines naming an id this log holds no record of)."""
-        from ..log import classify
-
         own = self.log.scan()
         live = [own.records[p] for p in range(len(own.records)) if p not in own.dead]
         kept = []
