@@ -271,7 +271,7 @@ class TestWorktreeStoreContract(contract.TestStoreContract):
 
 def test_a_forget_in_one_worktree_hides_the_record_in_every_worktree(repo):
     rid = add(repo["a"], "Wrong note", "the staging password is hunter2")
-    code, out, err = run_cli(["memory-forget", "--root", str(repo["b"]), rid, "--reason", "wrong"])
+    code, _, err = run_cli(["memory-forget", "--root", str(repo["b"]), rid, "--reason", "wrong"])
     assert code == 0, err
     for name in ("a", "b", "main"):
         result = query(repo[name], "staging password")
@@ -286,7 +286,7 @@ def test_compact_in_a_worktree_keeps_only_its_own_records_and_its_forgets_of_oth
     mine = add(repo["b"], "My note", "written in b")
     assert run_cli(["memory-forget", "--root", str(repo["b"]), gone]).code == 0
     before_a = snapshot_files(memory_dir(repo["a"]))
-    code, out, err = run_cli(["memory-compact", "--root", str(repo["b"])])
+    code, _, err = run_cli(["memory-compact", "--root", str(repo["b"])])
     assert code == 0, err
     lines = [json.loads(x) for x in (memory_dir(repo["b"]) / "records.jsonl").read_text().splitlines()]
     assert [x["id"] for x in lines if "op" not in x] == [mine]
