@@ -197,15 +197,15 @@ QUERY = (
           "Only records created at or after this time (ISO-8601 with a zone), e.g. \"2026-11-01T00:00:00Z\".",
           time=True, invalid=(codes.QUERY_INVALID_SINCE, "since must be an ISO-8601 time with a zone, e.g. "
                               "2026-11-01T00:00:00Z")),
-    Param("branch", str, "current: only records merged into the checked-out line of work (their commit is an "
-          "ancestor of HEAD) or written outside git", "\"current\": only records whose commit is merged into the "
-          "checked-out HEAD, or written outside git (drops notes from unmerged branches).", choices=BRANCHES,
-          invalid=(codes.QUERY_INVALID_BRANCH, f"branch must be one of {list(BRANCHES)}")),
     Param("as_of", str, "answer from the memory as it stood at this ISO-8601 time (records created by then, "
           "not yet retired or expired)", "Answer from the memory as it stood at this time (ISO-8601 with a zone), "
           "e.g. \"2026-11-01T00:00:00Z\": records created by then and not yet retired or expired then.",
           time=True, invalid=(codes.QUERY_INVALID_AS_OF, "as_of must be an ISO-8601 time with a zone, e.g. "
                               "2026-11-01T00:00:00Z")),
+    Param("branch", str, "current: only records merged into the checked-out line of work (their commit is an "
+          "ancestor of HEAD) or written outside git", "\"current\": only records whose commit is merged into the "
+          "checked-out HEAD, or written outside git (drops notes from unmerged branches).", choices=BRANCHES,
+          invalid=(codes.QUERY_INVALID_BRANCH, f"branch must be one of {list(BRANCHES)}")),
     Param("explain", bool, "show each hit's score parts", "Add each hit's per-side scores and ranks.", default=False),
     Param("no_collapse", bool, "list near duplicates as separate hits (default: the newest of them, counted)",
           default=False),
