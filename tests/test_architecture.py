@@ -15,6 +15,7 @@ Layers, lowest first; a module may import its own sub-package and any lower laye
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from nubos_memory.errors import EXIT_CODES
@@ -143,3 +144,12 @@ def test_every_exit_code_is_in_the_readme_table():
     documented = {int(line.split("|")[1]) for line in table.splitlines() if line.startswith("| ") and
                   line.split("|")[1].strip().isdigit()}
     assert documented == set(EXIT_CODES)
+
+
+def test_no_layer_above_store_names_a_store_or_its_cursor():
+    """Issue 22's check, as a test: api/, search/ and ingest/ never say inode, RecordLog, FileStore or PgStore."""
+    words = re.compile(r"inode|RecordLog|FileStore|PgStore")
+    found = [f"{path.relative_to(REPO)}:{n}" for folder in ("api", "search", "ingest")
+             for path in sorted((PACKAGE / folder).rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), start=1) if words.search(line)]
+    assert found == []

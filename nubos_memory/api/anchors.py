@@ -92,7 +92,7 @@ def git(root: Path, *args: str) -> str | None:
 class _File:
     """A cited file as last read: its identity and its normalised lines."""
 
-    key: tuple[int, int, int]  # size, mtime, inode
+    key: tuple[int, int, int]  # size, mtime, st_ino (the cited file's identity)
     lines: list[str]
     heads: dict[str, list[int]]  # hash of a normalised line -> the 1-based numbers it is on
     checked: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)  # anchor -> its check
@@ -109,7 +109,7 @@ class AnchorCheck:
 
     # -- files --------------------------------------------------------------------------------
     def read(self, rel: str) -> _File | None:
-        """The file's normalised lines, read again only when its identity (size, mtime, inode) changed;
+        """The file's normalised lines, read again only when its identity (size, mtime, st_ino) changed;
         a file seen before and unchanged costs one ``stat`` (its path was checked to stay inside the
         project when it was read)."""
         known = self._files.get(rel)
