@@ -37,7 +37,8 @@ def test_forget_removes_a_record_from_lexical_and_vector_results_alike(project):
     for mode in ("hybrid", "lexical", "vector"):
         assert "hook" not in ids(query(project, "--mode", mode, "--k", "10", "stripe webhooks out of order"))
     s = run_cli(["memory-stats", "--root", str(project)]).json
-    assert s["count"] == 4 and s["retired"] == {"total": 1, "by_reason": {"moved to the runbook": 1}, "redacted": 0}
+    assert s["count"] == 4 and s["retired"] == {"total": 1, "by_reason": {"moved to the runbook": 1}, "redacted": 0,
+                                               "expired": 0}
     assert s["consistency"]["consistent"] and s["consistency"]["retired_in_index"] == 1
     # The log only grew: the record is still there, followed by its tombstone.
     lines = (memory_dir(project) / "records.jsonl").read_text().splitlines()
