@@ -25,13 +25,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import codes
 from ..errors import InputError
+from ..gitcmd import run_git
 
 if TYPE_CHECKING:
     from ..log import LogScan
@@ -76,16 +76,6 @@ def inside(root: Path, rel: str) -> Path | None:
     except (OSError, ValueError, RuntimeError):
         return None
     return target
-
-
-def git(root: Path, *args: str) -> str | None:
-    """``git -C root args``'s stdout, or None (no git, not a repository, an error)."""
-    try:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
-                              env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
 
 
 @dataclass
@@ -149,7 +139,7 @@ class AnchorCheck:
 
         now = time.monotonic()
         if self._head is None or now - self._head[0] > 1.0:
-            out = git(self.root, "rev-parse", "--verify", "-q", "HEAD")
+            out = run_git(self.root, "rev-parse", "--verify", "-q", "HEAD")
             self._head = (now, out.strip() if out else None)
         return self._head[1]
 
@@ -232,7 +222,7 @@ class AnchorCheck:
             return None
         key = (rel, f"{commit}..{head}")
         if key not in self._renames:
-            out = git(self.root, "diff", "--name-status", "-M", commit, "--", ".")
+            out = run_git(self.root, "diff", "--name-status", "-M", commit, "--", ".")
             target = None
             for row in (out or "").splitlines():
                 parts = row.split("\t")

@@ -13,12 +13,12 @@ the redacted records and writes, beside the log (ignored by git), the expression
 from __future__ import annotations
 
 import re
-import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..fsio import atomic_write_bytes, dumps
+from ..gitcmd import run_git
 
 if TYPE_CHECKING:
     from ..store.base import Store
@@ -28,13 +28,7 @@ MAX_IDS = 50
 
 
 def _git(root: Path, *args: str) -> str | None:
-    """``git -C root args`` stdout, or None (no git, not a repository, too slow)."""
-    try:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
-                              timeout=GIT_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
+    return run_git(root, *args, timeout=GIT_TIMEOUT_S)
 
 
 def expressions(ids: list[str]) -> bytes:

@@ -19,23 +19,14 @@ about the state of the worktree at most once a second per process.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..gitcmd import run_git
+
 REFRESH_S = 1.0  # how long a look at HEAD, branch and worktree is trusted
-
-
-def run_git(root: Path, *args: str, stdin: str | None = None) -> str | None:
-    """``git -C root args``'s stdout, or None (no git, not a repository, an error)."""
-    try:
-        done = subprocess.run(["git", "-C", str(root), *args], input=stdin, capture_output=True, text=True,
-                              timeout=10, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
 
 
 class GitState:

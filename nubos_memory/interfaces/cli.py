@@ -22,7 +22,7 @@ from ..errors import DisabledError, UsageError, failure
 from ..fsio import dumps, printable
 from ..limits import PROGRESS_MODES
 from ..params import SERVE
-from .verbs import VERBS, Context, Request, Verb, prepare, run
+from .verbs import VERBS, Context, Request, Verb, answered, prepare, run
 
 if TYPE_CHECKING:
     from ..api.memory import Memory
@@ -120,17 +120,7 @@ COMMANDS: "dict[str, Verb | Launcher]" = {**VERBS, **{name: spec for name, (spec
 
 def launch(name: str, request: Request) -> tuple[int, str, Any]:
     """Run a launcher: ``(exit code, stream, document)`` like a verb."""
-    try:
-        return 0, "stdout", LAUNCHERS[name][1](request)
-    except DisabledError as exc:
-        if request.get("skip_if_disabled"):
-            return 0, "stdout", {"skipped": True, "reason": "memory-disabled"}
-        return exc.exit_code, "stderr", {"error": exc.to_dict()}
-    except BaseException as exc:
-        if isinstance(exc, SystemExit):
-            raise
-        code, envelope = failure(exc)
-        return code, "stderr", envelope
+    return answered(lambda: LAUNCHERS[name][1](request), request)
 
 
 def build_parser() -> argparse.ArgumentParser:

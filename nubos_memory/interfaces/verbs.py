@@ -138,10 +138,19 @@ def prepare(name: str, request: Request) -> None:
 
 def run(name: str, request: Request, ctx: Context) -> tuple[int, str, Any]:
     """Run a verb: ``(exit code, "stdout" or "stderr", document)``."""
-    try:
+    def call() -> Any:
         if name not in VERBS:
             raise UsageError(f"unknown verb {name!r}", details={"verbs": sorted(VERBS)})
-        return 0, "stdout", VERBS[name].call(ctx, request)
+        return VERBS[name].call(ctx, request)
+
+    return answered(call, request)
+
+
+def answered(call: Callable[[], Any], request: Request) -> tuple[int, str, Any]:
+    """``call``'s answer, or its failure in the one envelope (``errors.failure``); memory switched off
+    is a skip when the request says so (``--skip-if-disabled``)."""
+    try:
+        return 0, "stdout", call()
     except DisabledError as exc:
         if request.get("skip_if_disabled"):
             return 0, "stdout", {"skipped": True, "reason": "memory-disabled"}

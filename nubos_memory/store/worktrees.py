@@ -34,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from .. import codes
 from ..config import MEMORY_DIR, STATE_DIR
 from ..fsio import open_regular
+from ..gitcmd import run_git
 from ..limits import MAX_REASON
 from ..log import LogScan, classify, feed, restart
 from ..trust import file_sha256
@@ -120,12 +120,7 @@ _GIT: dict[Path, "_Git | float"] = {}  # root -> what git said, or when it said 
 
 
 def _git(cwd: Path, *args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=10,
-                              env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
+    return run_git(cwd, *args)
 
 
 def _stat_key(path: Path) -> tuple[int, int, int, int] | None:
