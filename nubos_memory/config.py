@@ -17,7 +17,18 @@ from typing import Any
 from . import codes
 from .errors import ConfigError
 from .fsio import JSONDecodeError, loads, read_regular
-from .limits import BACKENDS, BASE_TYPES, CONTEXTS, DEFAULT_MODEL, DEVICES, FUSIONS, PROVIDERS, RUNTIMES, WORKTREES
+from .limits import (
+    BACKENDS,
+    BASE_TYPES,
+    CONTEXTS,
+    DEFAULT_MODEL,
+    DEVICES,
+    FUSIONS,
+    PROVIDERS,
+    RUNTIMES,
+    SIDE_WEIGHTS,
+    WORKTREES,
+)
 
 STATE_DIR = ".nubos-pilot"
 CONFIG_FILE = "config.json"
@@ -29,7 +40,7 @@ ROOT_ENV = "NUBOS_PILOT_ROOT"
 # Settings whose value is one of a fixed set (limits.py holds the sets).
 CHOICES: dict[str, tuple[str, ...]] = {"provider": PROVIDERS, "fusion": FUSIONS, "context": CONTEXTS,
                                        "runtime": RUNTIMES, "device": DEVICES, "backend": BACKENDS,
-                                       "worktrees": WORKTREES}
+                                       "worktrees": WORKTREES, "side_weights": SIDE_WEIGHTS}
 DSN_ENV = "NUBOS_MEMORY_DSN"
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -59,6 +70,7 @@ class MemoryConfig:
     alpha: float = 0.3
     threshold: float = 0.25
     fusion: str = "z"
+    side_weights: str = "auto"  # z fusion's lexical weight per memory from pseudo-queries (search/sideweight.py); "off": alpha
     context: str = "auto"  # neighbour context for short records (search/neighbours.py); "off"
     runtime: str = "auto"  # what runs the model: auto (ONNX when exact, else torch), onnx, torch (adr/0012)
     device: str = "auto"  # auto (a GPU for batches when there is one), cpu, cuda, mps

@@ -47,4 +47,5 @@ PROVIDERS = ("local", "hash")
 RUNTIMES = ("auto", "onnx", "torch")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 BACKENDS = ("files", "postgres")
+SIDE_WEIGHTS = ("auto", "off")  # memory.side_weights: z fusion's weight estimated per memory (issue 24), or memory.alpha
 WORKTREES = ("shared", "own")  # memory.worktrees: read the other git worktrees' logs too, or this one's only

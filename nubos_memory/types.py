@@ -60,6 +60,7 @@ class Manifest(TypedDict, total=False):
     covers: dict[str, Any]
     order: dict[str, Any]
     kappa: float
+    side_weight: dict[str, Any]  # z fusion's per-memory lexical weight (search/sideweight.py)
     created_at: str
     rebuilt_at: str | None
     updated_at: str
@@ -163,6 +164,7 @@ class Stats(TypedDict, total=False):
     alpha: float
     threshold: float
     fusion: str
+    side_weight: dict[str, Any]  # z fusion's per-memory weight: setting, weight used, the estimate (sideweight.py)
     created_at: str | None
     rebuilt_at: str | None
     updated_at: str | None

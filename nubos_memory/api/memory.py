@@ -377,6 +377,7 @@ class Memory:
         if len(text) > MAX_QUERY_CHARS:
             raise InputError(f"query text is longer than {MAX_QUERY_CHARS} characters", code=codes.QUERY_TOO_LONG,
                              details={"length": len(text), "limit": MAX_QUERY_CHARS})
+        side_weights = alpha is None and self.config.side_weights == "auto"  # the memory's own z weight
         alpha = self.config.alpha if alpha is None else alpha
         fusion = fusion or self.config.fusion
         for name, value in (("k", k), ("alpha", alpha), ("fusion", fusion), ("mode", mode),
@@ -385,7 +386,7 @@ class Memory:
         self._check_filters(type, phase, tags)
         result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
                            fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact,
-                           since=since, as_of=as_of, positions=self._on_branch(branch))
+                           since=since, as_of=as_of, positions=self._on_branch(branch), side_weights=side_weights)
         mark_merged(result["hits"], self.git)
         result["scope"] = scope(self.project).as_dict()  # the folders read, how found, branch and commit
         if branch is not None:

@@ -19,6 +19,7 @@ from ..faults import crash_point
 from ..index.vectors import usable
 from ..progress import Reporter, stage
 from ..records import embed_text
+from ..search.sideweight import estimate
 from ..search.snapshot import VectorState
 from .writepath import save_lexical
 
@@ -41,6 +42,7 @@ class Rows:
     vectors: np.ndarray
     reused: int = 0
     invalid: int = 0
+    positions: list[int] | None = None  # each row's position in the log
 
 
 class Rebuild:
@@ -84,7 +86,7 @@ class Rebuild:
         if rows_reused and current is not None:
             dst, src = zip(*rows_reused)
             vectors[list(dst)] = current.vectors[list(src)]
-        return Rows(records, hashes, vectors, reused=len(rows_reused)), len(todo)
+        return Rows(records, hashes, vectors, reused=len(rows_reused), positions=live), len(todo)
 
     @staticmethod
     def keep_usable(rows: Rows) -> Rows:
@@ -95,10 +97,19 @@ class Rebuild:
         if not invalid:
             return rows
         keep = np.flatnonzero(good)
+        positions = None if rows.positions is None else [rows.positions[i] for i in keep]
         return Rows([rows.records[i] for i in keep], [rows.hashes[i] for i in keep], rows.vectors[keep],
-                    reused=rows.reused, invalid=invalid)
+                    reused=rows.reused, invalid=invalid, positions=positions)
 
-    def publish(self, rows: Rows, ours: "Embedding") -> "dict[str, Any]":
+    def side_weight(self, rows: Rows) -> "dict[str, Any] | None":
+        """z fusion's per-memory weight estimated on the rebuilt rows (``search/sideweight.py``);
+        None with ``memory.side_weights: off`` (the manifest keeps the previous one)."""
+        if self.config.side_weights != "auto" or rows.positions is None:
+            return None
+        return estimate(rows.records, np.asarray(rows.positions, dtype=np.int64), rows.vectors,
+                        self.snap.lexical_engine(), self.vectors.embedder.embed, floor=self.config.alpha)
+
+    def publish(self, rows: Rows, ours: "Embedding", side_weight: "dict[str, Any] | None" = None) -> "dict[str, Any]":
         """Under the lock: the new generation and a lexical index built from scratch; the new manifest."""
         with self.store.lock("memory-rebuild"):
             try:
@@ -108,6 +119,7 @@ class Rebuild:
             manifest = self.store.commit(
                 ids=[r["id"] for r in rows.records], hashes=rows.hashes, vectors=rows.vectors, embedding=dict(ours),
                 params=self.vectors.params, alpha=self.config.alpha, previous=previous, base=None, rebuilt=True,
+                side_weight=side_weight,
             )
             self.snap.reset_lexical()  # rebuild the lexical index from scratch too
             self.snap.refresh()
@@ -123,7 +135,7 @@ class Rebuild:
         indexing = stage(progress, "indexing")
         if indexing:
             indexing(0, count)
-        manifest = self.publish(rows, ours)
+        manifest = self.publish(rows, ours, self.side_weight(rows))
         try:  # outside the lock (the team database's HNSW index, adr/0014)
             upkeep = self.store.maintain(wait_s=self.config.postgres.timeout_s)
         except StoreError as exc:

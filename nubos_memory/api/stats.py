@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .. import codes
 from ..errors import RebuildRequired, StoreError
 from ..records import SCHEMA_VERSION
+from ..search.sideweight import weight_of
 from ..types import Stats
 
 # Problems that already say why vectors are missing (no separate "index-behind" then).
@@ -21,7 +22,9 @@ VECTOR_BLOCKERS = (codes.MEMORY_REBUILD_REQUIRED, codes.MANIFEST_CORRUPT, codes.
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from ..config import MemoryConfig
     from ..log import LogScan
+    from ..types import Manifest
     from .memory import Memory
 
 
@@ -108,6 +111,15 @@ def _retired_reasons(scan: "LogScan") -> dict[str, int]:
     return reasons
 
 
+def side_weight(cfg: "MemoryConfig", manifest: "Manifest | None") -> dict[str, Any]:
+    """z fusion's lexical weight: the setting, the weight a query without ``alpha`` uses, and the
+    manifest's estimate (``search/sideweight.py``; None before the first one)."""
+    estimate = (manifest or {}).get("side_weight")
+    usable = weight_of(manifest) if cfg.side_weights == "auto" else None
+    return {"setting": cfg.side_weights, "weight": usable["weight"] if usable is not None else cfg.alpha,
+            "estimate": estimate}
+
+
 def collect_stats(mem: "Memory") -> Stats:
     cfg = mem.config
     scan = mem.scan()
@@ -140,6 +152,7 @@ def collect_stats(mem: "Memory") -> Stats:
         "alpha": cfg.alpha,
         "threshold": cfg.threshold,
         "fusion": cfg.fusion,
+        "side_weight": side_weight(cfg, manifest),
         "created_at": (manifest or {}).get("created_at"),
         "rebuilt_at": (manifest or {}).get("rebuilt_at"),
         "updated_at": (manifest or {}).get("updated_at"),

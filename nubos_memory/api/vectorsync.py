@@ -24,11 +24,13 @@ from ..errors import EmbeddingError, RebuildRequired, StoreError
 from ..index.vectors import HnswParams, usable
 from ..progress import Progress
 from ..records import embed_text
+from ..search.sideweight import due, estimate
 from ..search.snapshot import Snapshot, VectorState
 
 if TYPE_CHECKING:
     from ..config import MemoryConfig
     from ..embed.base import Embedder
+    from ..index.vectors import VectorIndex
     from ..store.base import Store
     from ..types import Embedding, Manifest
 
@@ -236,6 +238,29 @@ class VectorSync:
             done += chunk
         return done
 
+    def side_weight(self, manifest: "Manifest | None", current: "VectorIndex | None", labels: np.ndarray,
+                    extra: dict[int, np.ndarray]) -> dict[str, Any] | None:
+        """A new estimate of z fusion's per-memory weight (``search/sideweight.py``) for the generation
+        about to be committed (the current rows, with ``extra`` new or replaced vectors by position), when
+        the live records with a vector grew by 25 % since the last one; else None (the manifest keeps
+        it).  A write's cost: below 20 pseudo-queries nothing is embedded; a model that fails keeps
+        the old estimate."""
+        if self.config.side_weights != "auto":
+            return None
+        snap = self.snap
+        positions = [p for p in np.flatnonzero(snap.alive).tolist()
+                     if p in extra or (p < len(labels) and labels[p] >= 0)]
+        if not due((manifest or {}).get("side_weight"), len(positions)):
+            return None
+        stored = current.vectors if current is not None else np.zeros((0, self.embedder.dim), dtype=np.float32)
+        rows = np.stack([extra[p] if p in extra else np.asarray(stored[labels[p]]) for p in positions]) \
+            if positions else np.zeros((0, self.embedder.dim), dtype=np.float32)
+        try:
+            return estimate([snap.records[p] for p in positions], np.asarray(positions, dtype=np.int64), rows,
+                            snap.lexical_engine(), self.embedder.embed, floor=self.config.alpha)
+        except EmbeddingError:
+            return None
+
     def _persist(self, state: VectorState, todo: list[int], *, blocking: bool, verb: str) -> None:
         """Commit newly embedded vectors as a new generation (under the lock)."""
         snap = self.snap
@@ -243,7 +268,7 @@ class VectorSync:
         with hold as got:
             if got is False:
                 return  # another writer is busy; this query uses its vectors in memory only
-            manifest, current, _ = snap.vectors()  # the generation as it is now, under the lock
+            manifest, current, labels = snap.vectors()  # the generation as it is now, under the lock
             if manifest is not None:
                 err = self.mismatch(manifest, self.embedder.dim)
                 if err:
@@ -272,10 +297,11 @@ class VectorSync:
                     vectors, base = np.concatenate([rows, appended]), None
                 else:  # the common case: the current generation's rows are kept, the new ones appended
                     vectors, base = appended, current
+                side = self.side_weight(manifest, current, labels, state.extra) if blocking else None
                 self.store.commit(
                     ids=ids + new_ids, hashes=hashes + new_hashes, vectors=vectors,
                     embedding=dict(self.our_embedding()), params=self.params, alpha=self.config.alpha,
-                    previous=manifest, base=base,
+                    previous=manifest, base=base, side_weight=side,
                 )
                 state.indexed = len(new_ids)
             state.manifest, state.index, state.labels = snap.vectors()

@@ -22,6 +22,12 @@ _BREAK = re.compile(r"\n\s*\n|(?<=[.!?])\s+(?=[\"'(\[A-Z0-9])|\n")
 _WORD = re.compile(r"\S+")
 
 
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """The non-empty sentences and lines of ``text`` as ``(start, end)`` spans, cut where pieces may
+    end (paragraph breaks, sentence ends, line breaks: ``_BREAK``)."""
+    return _spans(text, 0, len(text), _BREAK, matches_are_units=False)
+
+
 class _Counter:
     """Tokens starting in a character span, from the sorted token start offsets."""
 

@@ -90,6 +90,17 @@ def _score_mode(mem: Any, mode: str, judged: list[str], queries: dict[str, str],
     }
 
 
+def _side_weight(mem: Any, alpha: float | None) -> dict[str, Any]:
+    """The z-fusion weight the hybrid mode used in this memory and the estimate behind it
+    (``search/sideweight.py``): a given ``alpha`` overrides it."""
+    from ..api.stats import side_weight
+
+    out = side_weight(mem.config, mem.store.read_manifest())
+    if alpha is not None:
+        out["weight"] = alpha
+    return out
+
+
 def evaluate_one(source_config: dict[str, Any], folder: Path, *, split: str = "test",
                  modes: tuple[str, ...] = MODES, k: int = 10, alpha: float | None = None,
                  max_queries: int | None = None, embedder: Embedder | None = None, cache: bool = True,
@@ -145,6 +156,7 @@ def evaluate_one(source_config: dict[str, Any], folder: Path, *, split: str = "t
             "fingerprint": inner.fingerprint,
             "fusion": mem.config.fusion,
             "alpha": mem.config.alpha if alpha is None else alpha,
+            "side_weight": _side_weight(mem, alpha),
             "threshold": mem.config.threshold,
             "index": {"seconds": round(index_s, 2), "records": len(records),
                       "embedded": embedded, "from_cache": from_cache},
@@ -196,7 +208,8 @@ def _average(runs: list[dict[str, Any]], modes: tuple[str, ...]) -> dict[str, An
     first = runs[0]
     return {"dataset": [r["dataset"] for r in runs], "split": first["split"], "docs": sum(r["docs"] for r in runs),
             "queries": total, "model": first["model"], "fingerprint": first["fingerprint"], "fusion": first["fusion"],
-            "alpha": first["alpha"], "threshold": first["threshold"], "modes": averaged}
+            "alpha": first["alpha"], "threshold": first["threshold"], "modes": averaged,
+            "side_weights": [{"dataset": r["dataset"], **r["side_weight"]} for r in runs]}
 
 
 def markdown_report(result: dict[str, Any], k: int = 10) -> str:
@@ -215,4 +228,7 @@ def markdown_report(result: dict[str, Any], k: int = 10) -> str:
             m = r["modes"][mode]
             lines.append(f"| {name} | {r['queries']} | {mode} | {m[f'ndcg@{k}']:.4f} | {m[f'recall@{k}']:.4f} "
                          f"| {m['recall@100']:.4f} | {m[f'mrr@{k}']:.4f} |")
+    weights = [f"{Path(r['dataset']).name} {r['side_weight']['weight']}" for r in runs if "side_weight" in r]
+    if weights:
+        lines += ["", "hybrid (z) lexical weight per memory (memory.side_weights): " + ", ".join(weights)]
     return "\n".join(lines) + "\n"

@@ -206,6 +206,24 @@ class PostingsBM25:
     def self_score(self, terms: Sequence[str], *, removed_too: bool = False) -> float:
         return self_score(self.idf_all if removed_too else self.idf, terms)
 
+    def avgdl(self) -> float:
+        """The live documents' average length (1 when there are none, or all are empty)."""
+        return ((float(self.doc_len.sum()) - self._removed_len) / self.live or 1.0) if self.live else 1.0
+
+    def score_tokens(self, terms: Sequence[str], tokens: Sequence[str]) -> float:
+        """BM25 of a document that is not in the index (``tokens``) under the live statistics: what
+        :meth:`scores` would give it (same terms, same order of sums; ``search/sideweight.py``)."""
+        counts: dict[str, int] = {}
+        for tok in tokens:
+            counts[tok] = counts.get(tok, 0) + 1
+        norm = K1 * (1.0 - B + B * len(tokens) / self.avgdl())
+        total = 0.0
+        for term in dict.fromkeys(terms):
+            tf = counts.get(term)
+            if tf and term in self.vocab:
+                total += self.idf(term) * tf * (K1 + 1.0) / (tf + norm)
+        return total
+
     def scores(self, terms: Sequence[str], *, removed_too: bool = False) -> np.ndarray:
         """Raw BM25 of every document; ``removed_too``: removed documents keep theirs, every score
         taken with the statistics of every document ever added (an as-of query ranks records
@@ -217,8 +235,7 @@ class PostingsBM25:
             norm = K1 * (1.0 - B + B * self.doc_len / (float(self.doc_len.mean()) or 1.0))
         else:
             if self._norm is None:
-                avgdl = (float(self.doc_len.sum()) - self._removed_len) / self.live or 1.0
-                self._norm = K1 * (1.0 - B + B * self.doc_len / avgdl)
+                self._norm = K1 * (1.0 - B + B * self.doc_len / self.avgdl())
             norm = self._norm
         for term in dict.fromkeys(terms):
             tid = self.vocab.get(term)

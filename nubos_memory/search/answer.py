@@ -95,7 +95,7 @@ def hit_of(group: list[Candidate], records: list[Record], explain: dict[str, Any
 
 def explained(c: Candidate, rec: Record, query_part: dict[str, Any]) -> dict[str, Any]:
     """Why a candidate ranked where it did: both signals, then the query's fusion settings
-    (``query_part``: alpha, fusion, context_gate, normaliser), the fused score and the importance."""
+    (``query_part``: alpha, fusion, context_gate, normaliser, side_weight), the fused score and the importance."""
     return {
         "lexical": {"raw": round(c.lexical_raw, 6), "with_context": round(c.lexical_context, 6),
                     "normalised": round(c.lexical_norm, 6), "z": round(c.lexical_z, 6), "rank": c.lexical_rank},

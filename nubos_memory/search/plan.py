@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,8 @@ class Request:
     since: str | None = None  # ISO-8601: only records created at or after it
     as_of: str | None = None  # ISO-8601: the memory as it stood then (``timeline.py``)
     positions: np.ndarray | None = field(default=None, compare=False)  # only these records (``--branch current``)
+    side_weights: bool = False  # z fusion takes the memory's estimated weight, not ``alpha`` (sideweight.py)
+    side_weight: dict[str, Any] | None = field(default=None, compare=False)  # the estimate used (``--explain``)
 
 
 @dataclass

@@ -14,8 +14,8 @@
    (``_candidates``).  A record is admitted if it has a lexical score or its
    cosine reaches the threshold (0.25).
 5. **Fusion** (``fusion.py``; default ``z``): each side as a z-score over the
-   scope for this query, ``w·z(b') + (1 − w)·z(c')`` with ``w = memory.alpha``
-   (0.3); a record without a vector keeps its lexical z-score alone (absent,
+   scope for this query, ``w·z(b') + (1 − w)·z(c')`` with ``w`` the memory's side
+   weight (``sideweight.py``) or ``memory.alpha`` (0.3); a record without a vector keeps its lexical z-score alone (absent,
    not zero).  The hit's ``score`` is the fused value squashed into (0, 1)
    by the logistic function, times the record's importance factor (``_ranked``).
 
@@ -24,6 +24,7 @@ The answer's shape (near duplicates collapsed, ``explain``) is ``answer.py``'s.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -32,6 +33,7 @@ from .. import codes
 from ..errors import EmbeddingError, StoreError
 from ..records import iso_to_epoch
 from ..tokenize import tokenize
+from . import sideweight
 from .answer import empty_answer, groups_of, hit_of
 from .fusion import Candidate, importance_factor, ranker, uses_context
 from .lexical_side import LexicalSide, lexical_side
@@ -67,7 +69,7 @@ class Searchable(Protocol):
 def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: str | None, tags: list[str],
               alpha: float, fusion: str, explain: bool, mode: str = "hybrid", collapse: bool = True,
               phase_exact: bool = False, since: str | None = None, as_of: str | None = None,
-              positions: np.ndarray | None = None) -> "QueryResult":
+              positions: np.ndarray | None = None, side_weights: bool = False) -> "QueryResult":
     """Answer one query; never fails because of the vector layer (it reports ``degraded``).
 
     ``mode`` "lexical" or "vector" ranks by one signal only (with its neighbour context).  With
@@ -75,10 +77,12 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
     the newest of them by ``created_at`` (``records.recency``) is shown, ranked and scored as the best of them, the others counted in
     its ``collapsed`` field (``dedup.collapse``).  ``as_of`` (ISO-8601) answers from the records live
     at that time (``timeline.py``), ranked by the same path.  ``positions`` restricts the query to those
-    records (by log position) before anything is ranked, like the other filters.
+    records (by log position) before anything is ranked, like the other filters.  ``side_weights``:
+    z fusion's weight is the memory's estimate (``sideweight.py``, kept in the manifest) where there
+    is one, else ``alpha``; the answer's ``query.alpha`` says which was used.
     """
     req = Request(text, k, type, phase, tags, alpha, fusion, explain, mode, collapse, phase_exact, since, as_of,
-                  positions=positions)
+                  positions=positions, side_weights=side_weights)
     scan = mem.scan()
     out = empty_answer(mem.config, scan, req)
     live = None if as_of is None else _as_of(mem.snap, scan, as_of, out)
@@ -89,6 +93,7 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
     if filtered is None:
         return out
     scope, state = _scope(mem, req, *filtered, live)
+    req = _side_weighted(req, state, out)
     lex = lexical_side(mem.snap, terms, scope, propose=mode != "vector", past=live is not None)
     vec = _vector_stage(mem, state, text, scope, lex, out, live)
     cands = _candidates(lex, vec, scope)
@@ -159,6 +164,18 @@ def _scope(mem: Searchable, req: Request, allowed: np.ndarray | None, positions:
     if uses_context(req.mode, req.fusion) and cfg.context == "auto":
         scope.gate = snap.context_gate(state.manifest if state is not None and state.degraded is None else None)
     return scope, state
+
+
+def _side_weighted(req: Request, state: VectorState | None, out: QueryResult) -> Request:
+    """The request with z fusion's weight from the memory's estimate (``sideweight.weight_of``),
+    when the caller asked for it and the hybrid fuses by z; the answer echoes the weight used."""
+    if not req.side_weights or req.mode != "hybrid" or req.fusion != "z" or state is None:
+        return req
+    side = sideweight.weight_of(state.manifest)
+    weight = float(side["weight"]) if side is not None else req.alpha
+    out["query"]["alpha"] = weight
+    raw = (state.manifest or {}).get("side_weight")
+    return replace(req, alpha=weight, side_weight=sideweight.explained(raw, weight))
 
 
 # -- 3. vector side --------------------------------------------------------------------------
@@ -259,4 +276,6 @@ def _hits(kept: list[Candidate], records: list[Record], state: VectorState | Non
     if req.explain:
         query_part = {"alpha": req.alpha, "fusion": req.fusion, "context_gate": round(scope.gate, 4),
                       "normaliser": round(lex.normaliser, 6)}
+        if req.side_weight is not None:
+            query_part["side_weight"] = req.side_weight
     return [hit_of(group, records, query_part) for group in groups[:req.k]]

@@ -127,8 +127,10 @@ class Store(Protocol):
 
     def commit(self, *, ids: list[str], hashes: list[str], vectors: "np.ndarray", embedding: dict[str, Any],
                params: "HnswParams", alpha: float, previous: "Manifest | None", base: "VectorIndex | None" = None,
-               rebuilt: bool = False) -> "Manifest":
-        """Under the lock: publish a new vector generation (``base``: extend the current one)."""
+               rebuilt: bool = False, side_weight: "dict[str, Any] | None" = None) -> "Manifest":
+        """Under the lock: publish a new vector generation (``base``: extend the current one).
+        ``side_weight``: z fusion's per-memory weight (``search/sideweight.py``), written into the
+        manifest; None keeps ``previous``'s."""
         ...
 
     def shared_vectors(self, fingerprint: str, keys: list[str]) -> "dict[str, np.ndarray]":

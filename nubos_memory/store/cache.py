@@ -63,6 +63,12 @@ def covers_digest(ids: list[str], hashes: list[str]) -> str:
     return hashlib.sha256(joined.encode("utf-8")).hexdigest()[:32]
 
 
+def carried_side_weight(side_weight: dict[str, Any] | None, previous: Manifest | None) -> dict[str, Any]:
+    """The manifest's ``side_weight`` field: the new estimate, else the previous manifest's (none: no field)."""
+    value = side_weight if side_weight is not None else (previous or {}).get("side_weight")
+    return {"side_weight": value} if isinstance(value, dict) else {}
+
+
 def _create(path: Path) -> Any:
     """A new file of a generation, opened for writing: owner-only, never an existing file or a link."""
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE), "wb")
@@ -264,6 +270,7 @@ class DerivedCache:
         base: VectorIndex | None = None,
         rebuilt: bool = False,
         extra: dict[str, Any] | None = None,
+        side_weight: dict[str, Any] | None = None,
     ) -> Manifest:
         """Write a new generation and swap the manifest in; return the new manifest.
 
@@ -272,6 +279,7 @@ class DerivedCache:
         (the graph is extended).  Without it, ``vectors`` are every row and a
         fresh graph is built (the deterministic rebuild path).  Without a graph (``self.graph``
         False) only keymap and vectors are written.  ``extra``: more manifest fields of the store's.
+        ``side_weight`` (None: ``previous``'s) is signed with the rest (``carried_side_weight``).
         """
         if not available():
             raise StoreError("no signing key: a derived file written now could never be trusted, so none is "
@@ -339,6 +347,7 @@ class DerivedCache:
                 "created_at": (previous or {}).get("created_at") or now,
                 "rebuilt_at": now if rebuilt else (previous or {}).get("rebuilt_at"),
                 "updated_at": now,
+                **carried_side_weight(side_weight, previous),
                 **(extra or {}),
             }
             manifest = cast(Manifest, sign(doc))
@@ -390,8 +399,8 @@ class LocalDerivedState:
 
     def commit(self, *, ids: list[str], hashes: list[str], vectors: np.ndarray, embedding: dict[str, Any],
                params: HnswParams, alpha: float, previous: Manifest | None, base: VectorIndex | None = None,
-               rebuilt: bool = False) -> Manifest:
+               rebuilt: bool = False, side_weight: dict[str, Any] | None = None) -> Manifest:
         """Under the lock: publish a new vector generation (``base``: extend the current one)."""
         ensure_dir(self.folder)
         return self.cache.commit(ids=ids, hashes=hashes, vectors=vectors, embedding=embedding, params=params,
-                                 alpha=alpha, previous=previous, base=base, rebuilt=rebuilt)
+                                 alpha=alpha, previous=previous, base=base, rebuilt=rebuilt, side_weight=side_weight)

@@ -47,7 +47,7 @@ from ..index.vectors import HnswParams, VectorIndex, kappa, order_stats
 from ..log import LogScan, feed, frame, redact_lines, restart
 from ..records import SCHEMA_VERSION, now_iso
 from ..types import Manifest, Record
-from .cache import CACHE_FORMAT, covers_digest
+from .cache import CACHE_FORMAT, carried_side_weight, covers_digest
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -306,7 +306,7 @@ class InMemoryStore:
 
     def commit(self, *, ids: list[str], hashes: list[str], vectors: np.ndarray, embedding: dict[str, Any],
                params: HnswParams, alpha: float, previous: Manifest | None, base: VectorIndex | None = None,
-               rebuilt: bool = False) -> Manifest:
+               rebuilt: bool = False, side_weight: dict[str, Any] | None = None) -> Manifest:
         """Under the lock: a new generation (``base``: the current one, whose rows ``vectors`` extend)."""
         added = np.ascontiguousarray(vectors, dtype=np.float32)
         dim = embedding.get("dim")
@@ -344,6 +344,7 @@ class InMemoryStore:
             "created_at": (previous or {}).get("created_at") or now,
             "rebuilt_at": now if rebuilt else (previous or {}).get("rebuilt_at"),
             "updated_at": now,
+            **carried_side_weight(side_weight, previous),
         }
         manifest = cast(Manifest, doc)
         with self._mutex:

@@ -727,7 +727,7 @@ class PgStore(LocalDerivedState):
 
     def commit(self, *, ids: list[str], hashes: list[str], vectors: "np.ndarray", embedding: dict[str, Any],
                params: "HnswParams", alpha: float, previous: "Manifest | None", base: "VectorIndex | None" = None,
-               rebuilt: bool = False) -> "Manifest":
+               rebuilt: bool = False, side_weight: "dict[str, Any] | None" = None) -> "Manifest":
         """Under the lock: publish the rows to the database (so its index covers every vector this
         machine searches with), then commit this machine's generation.  The HNSW index is never built
         here (a build waits for every older transaction in the database, and would hold every writer
@@ -759,7 +759,7 @@ class PgStore(LocalDerivedState):
             self._index_due = (fingerprint, dim)
         ensure_dir(self.folder)
         return self.cache.commit(ids=ids, hashes=hashes, vectors=vectors, embedding=embedding, params=params,
-                                 alpha=alpha, previous=previous, base=base, rebuilt=rebuilt,
+                                 alpha=alpha, previous=previous, base=base, rebuilt=rebuilt, side_weight=side_weight,
                                  extra={"candidates": {"engine": "pgvector", "covered": covered}})
 
     def _before_bulk(self, fingerprint: str, keys: list[str]) -> bool:
