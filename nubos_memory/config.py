@@ -70,7 +70,7 @@ class MemoryConfig:
     alpha: float = 0.3
     threshold: float = 0.25
     fusion: str = "z"
-    side_weights: str = "auto"  # z fusion's lexical weight per memory from pseudo-queries (search/sideweight.py); "off": alpha
+    side_weights: str = "off"  # "auto": z fusion's lexical weight per memory from pseudo-queries (search/sideweight.py)
     context: str = "auto"  # neighbour context for short records (search/neighbours.py); "off"
     runtime: str = "auto"  # what runs the model: auto (ONNX when exact, else torch), onnx, torch (adr/0012)
     device: str = "auto"  # auto (a GPU for batches when there is one), cpu, cuda, mps
