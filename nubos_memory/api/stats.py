@@ -10,7 +10,7 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 from .. import codes
-from ..errors import RebuildRequired, StoreError
+from ..errors import EmbeddingError, RebuildRequired, StoreError
 from ..records import SCHEMA_VERSION
 from ..search.sideweight import weight_of
 from ..types import Stats
@@ -52,6 +52,9 @@ def _read_vectors(mem: "Memory", problems: list[dict[str, Any]]) -> tuple[Any, A
     if manifest is not None:
         try:
             err = mem.vectors.mismatch(manifest, None)
+        except EmbeddingError as exc:  # a gateway that does not answer: its model, so the match, is unknown
+            problems.append({"code": exc.code, "message": exc.message, "details": exc.details})
+            return manifest, index, labels, None
         except Exception as exc:  # noqa: BLE001 - a broken embedder config
             err = RebuildRequired(str(exc))
         fingerprint_match = err is None

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .base import Embedder, fingerprint_of
 from .hashing import HashEmbedder
 
+if TYPE_CHECKING:
+    from ..config import MemoryConfig
 
-def make_embedder(provider: str, model: str, runtime: str = "auto", device: str = "auto") -> Embedder:
-    """The embedder a config names (the model itself loads on first use)."""
+
+def make_embedder(provider: str, model: str, runtime: str = "auto", device: str = "auto",
+                  config: "MemoryConfig | None" = None) -> Embedder:
+    """The embedder a config names (the model itself loads on first use; a gateway's settings come
+    from ``config``)."""
     if provider == "hash":
         return HashEmbedder(model if model.startswith("hash-") else "hash-256")
+    if provider == "openai":
+        from ..config import MemoryConfig
+        from .gateway import make_gateway
+
+        return make_gateway(config if config is not None else MemoryConfig(provider=provider, model=model))
     from .model import ModelEmbedder
 
     return ModelEmbedder(model, runtime=runtime, device=device)
