@@ -89,11 +89,13 @@ RECORD_INVALID_ANCHORS = _code("record-invalid-anchors", "anchors are not a list
                                "project (PATH or PATH:START-END of a readable file)")
 RECORD_INVALID_GIT = _code("record-invalid-git", "git is not an object of branch, commit and worktree strings")
 RECORD_INVALID_VALID_UNTIL = _code("record-invalid-valid-until", "valid_until is not an ISO-8601 time with a time zone")
+RECORD_INVALID_HOT = _code("record-invalid-hot", "hot is not true or false")
 RECORD_TOO_LARGE = _code("record-too-large", "a title, body or other field is longer than its limit")
 RECORD_ONLY_REASONING = _code("record-only-reasoning", "a record held only reasoning blocks (think, "
                               "scratch_pad); nothing is stored")
 RECORD_SUPERSEDES_UNKNOWN = _code("record-supersedes-unknown", "supersedes names no record of the memory")
-RECORD_NOT_FOUND = _code("record-not-found", "an id names no record (an error for forget/redact, a warning for get)")
+RECORD_NOT_FOUND = _code("record-not-found", "an id names no record (an error for forget/redact/pin/unpin, a warning "
+                         "for get)")
 FORGET_INVALID_REASON = _code("forget-invalid-reason", "a forget reason is not 1-200 characters on one line")
 GET_TOO_MANY = _code("get-too-many", "memory-get was asked for more ids than it opens at once")
 DURATION_INVALID = _code("duration-invalid", "a duration (memory-prune --unused-for) is not like 90d, 12h or 2w")
@@ -109,6 +111,7 @@ QUERY_INVALID_ALPHA = _code("query-invalid-alpha", "alpha is not a number in [0,
 QUERY_INVALID_FUSION = _code("query-invalid-fusion", "fusion is not one of the known fusions")
 QUERY_INVALID_MODE = _code("query-invalid-mode", "mode is not one of the known modes")
 QUERY_INVALID_MAX_TOKENS = _code("query-invalid-max-tokens", "max_tokens is not a positive integer")
+CONTEXT_INVALID_RECENT = _code("context-invalid-recent", "memory-context: recent is not an integer from 0 to 20")
 QUERY_INVALID_TYPE = _code("query-invalid-type", "a type filter names no type of the project (details list them)")
 QUERY_INVALID_PHASE = _code("query-invalid-phase", "a phase filter is not a short single line")
 QUERY_INVALID_TAGS = _code("query-invalid-tags", "a tags filter is not a list of strings")

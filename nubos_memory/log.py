@@ -11,6 +11,15 @@ The log's format, one JSON document per line (adr/0008)::
     {"op": "rollback", "gid": G}                               ... or was abandoned by a crashed writer
     {"op": "redact", "id": "X", "line_sha256": H, "at", "reason"}  in place of a record line whose text was
                                                                removed (``memory-redact``)
+    {"op": "anchor", "id": "X", "anchors": [...], "at": "..."}  where X's cited code is now (``memory-verify``)
+    {"op": "pin", "id": "X", "at": "..."}                      X is hot (``memory-pin``) ...
+    {"op": "unpin", "id": "X", "at": "..."}                    ... or no longer (``memory-unpin``)
+
+**Hot records** are the ones every ``memory-context`` block includes (``api/turn.py``).  A record is
+hot when its line says ``"hot": true`` (set on write) or a ``pin`` op named it while it was live,
+and no later ``unpin`` did; ``LogScan.hot`` keeps the positions, so the state is the log's, rebuilt
+by reading it again.  A pin or unpin applies to the live record of that id (a later record that
+brings a retired id back starts from its own line), and a retired record is never hot.
 
 A record may name the id it replaces (``"supersedes": "X"``): X is then dead
 like a forgotten one.  Dead records keep their position (so every derived
@@ -102,11 +111,16 @@ class LogScan:
     line_of: list[int] = field(default_factory=list)  # index in ``records`` -> 1-based line number
     dead: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> why it is dead
     deaths: list[int] = field(default_factory=list)  # dead indexes in the order they died
-    ops: int = 0  # operation lines applied (forget, group, commit, rollback)
+    ops: int = 0  # operation lines applied (forget, anchor, pin, unpin, group, commit, rollback)
     repeats: int = 0  # lines that repeat a live record exactly (its id and content): nothing to report
     redacted: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {at, reason, hashes} of redactions
     redacted_present: list[int] = field(default_factory=list)  # lines of redacted content found again
     redaction_checked: set[int] = field(default_factory=set)  # positions of a redacted id found not to match
+    hot: set[int] = field(default_factory=set)  # positions pinned (by field or pin op); dead ones are not hot
+
+    def hot_positions(self) -> list[int]:
+        """Positions of the live hot records, in log order."""
+        return sorted(p for p in self.hot if p not in self.dead)
 
     def ids(self) -> set[str]:
         """Ids of live records."""
@@ -191,8 +205,28 @@ def same_content(a: Record, b: Record) -> bool:
     """Whether two lines hold the same record, when written at different times (``created_at``), at
     different places in git (``git``: one note ingested by two teammates on two commits) or with their
     anchors since updated (``memory-verify --update``)."""
-    return ({k: v for k, v in a.items() if k not in ("created_at", "git", "anchors")}
-            == {k: v for k, v in b.items() if k not in ("created_at", "git", "anchors")})
+    return ({k: v for k, v in a.items() if k not in ("created_at", "git", "anchors", "hot")}
+            == {k: v for k, v in b.items() if k not in ("created_at", "git", "anchors", "hot")})
+
+
+def pin_op(rid: str, hot: bool) -> dict[str, Any]:
+    """The log line that makes a record hot, or no longer (``memory-pin``, ``memory-unpin``)."""
+    return {"op": "pin" if hot else "unpin", "id": rid, "at": now_iso()}
+
+
+def _pin(scan: LogScan, op: dict[str, Any], number: int) -> None:
+    """A live record pinned or unpinned (the record line is unchanged)."""
+    target = scan.live(op["id"])
+    if target is not None:
+        (scan.hot.add if op["op"] == "pin" else scan.hot.discard)(target)
+
+
+def hot_record(scan: LogScan, pos: int) -> Record:
+    """The record at ``pos`` with ``hot`` as the log's state says (what ``memory-compact`` writes)."""
+    rec = {k: v for k, v in scan.records[pos].items() if k != "hot"}
+    if pos in scan.hot:
+        rec["hot"] = True
+    return cast(Record, rec)
 
 
 def anchor_op(rid: str, anchors: list[dict[str, Any]]) -> dict[str, Any]:
@@ -249,13 +283,17 @@ def _anchor_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
     return "corrupt", None, "anchor: id must be a string and anchors a list of anchors"
 
 
+def _pin_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
+    return (obj["op"], obj, None) if _has_id(obj) else ("corrupt", None, f"{obj['op']}: id must be a non-empty string")
+
+
 def _end_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
     return obj["op"], obj, None  # commit or rollback
 
 
 _OPS: dict[str, Callable[[dict[str, Any]], tuple[str, Any, str | None]]] = {
-    "group": _group_op, "forget": _forget_op, "redact": _redact_op, "anchor": _anchor_op, "commit": _end_op,
-    "rollback": _end_op}
+    "group": _group_op, "forget": _forget_op, "redact": _redact_op, "anchor": _anchor_op, "pin": _pin_op,
+    "unpin": _pin_op, "commit": _end_op, "rollback": _end_op}
 
 
 def _classify_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
@@ -266,7 +304,8 @@ def _classify_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
 
 
 def classify(raw: bytes) -> tuple[str, Any, str | None]:
-    """``(kind, parsed, reason)``: kind is record, forget, redact, anchor, group, commit, rollback or corrupt."""
+    """``(kind, parsed, reason)``: kind is record, forget, redact, anchor, pin, unpin, group, commit, rollback
+    or corrupt."""
     if len(raw) > MAX_LINE:
         return "corrupt", None, f"line longer than {MAX_LINE} bytes"
     try:
@@ -415,8 +454,8 @@ def _apply(scan: LogScan, kind: str, obj: Any, reason: str | None, number: int, 
         _record(scan, obj, number)
         if redactions is not None and scan.position.get(obj["id"]) == len(scan.records) - 1:
             scan.redaction_checked.add(len(scan.records) - 1)  # redacted before, other content: a new record
-    elif kind in ("forget", "anchor"):
-        (_forget if kind == "forget" else _reanchor)(scan, obj, number)
+    elif kind in _STATE_OPS:
+        _STATE_OPS[kind](scan, obj, number)
         scan.ops += 1
     elif kind == "redact":
         _note_redaction(scan, obj)
@@ -466,6 +505,8 @@ def _record(scan: LogScan, rec: Record, number: int) -> None:
     scan.position[rid] = at
     scan.records.append(rec)
     scan.line_of.append(number)
+    if rec.get("hot") is True:
+        scan.hot.add(at)
     old = rec.get("supersedes")
     if old is not None:
         replaced = scan.live(old)
@@ -481,6 +522,11 @@ def _forget(scan: LogScan, op: dict[str, Any], number: int) -> None:
         why = reason[:MAX_REASON] if isinstance(reason, str) else "forgotten"
         scan.dead[target] = {"line": number, "reason": why, "at": op.get("at")}
         scan.deaths.append(target)
+
+
+# The operations that change the state of a record that is there (``_apply``).
+_STATE_OPS: dict[str, Callable[[LogScan, dict[str, Any], int], None]] = {
+    "forget": _forget, "anchor": _reanchor, "pin": _pin, "unpin": _pin}
 
 
 def retired_at(scan: LogScan, pos: int) -> str | None:

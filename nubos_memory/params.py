@@ -170,6 +170,10 @@ ADD = (
           "relative to the project root, e.g. [\"src/net/retry.py:40-58\"]. Every recall says whether that code is "
           "still there (verified, moved, drifted, missing).", append=True, cli_flag="--anchor", metavar="PATH[:A-B]",
           text=Text(1, 1100), max_items=32),
+    Param("hot", bool, "include it in every memory-context block (pinned; memory-unpin undoes it)",
+          "Pin it: every memory_context block includes it, whatever the task (a standing rule, preference or fact "
+          "of this project). Keep hot memories few and short: together they take at most 40 % of the block.",
+          default=False),
     FORCE_ADD,
 )
 
@@ -307,3 +311,25 @@ DOCTOR = (
 )
 
 QUERY_PARAMS = {p.name: p for p in QUERY}
+
+PIN = (Param("ids", list, "record ids to pin: memory-context includes them in every block", required=True,
+             cli="positional", nargs="+", metavar="ID", text=RECORD_ID, min_items=1, max_items=MAX_FORGET),)
+UNPIN = (Param("ids", list, "record ids to unpin (the records stay; they are no longer hot)", required=True,
+               cli="positional", nargs="+", metavar="ID", text=RECORD_ID, min_items=1, max_items=MAX_FORGET),)
+MAX_RECENT = 20
+CONTEXT = (
+    QUERY_PARAMS["positional"],
+    Param("text", str, None, "What this turn is about: the user's message or the task, in your own words. Example: "
+          "\"add retry with backoff to the upload client\".", tool_required=True, text=Text(1, MAX_QUERY_CHARS)),
+    Param("max_tokens", int, f"the block's budget in tokens (chars/4; default {MCP_MAX_TOKENS}); hot records take "
+          "at most two fifths", f"The whole block's budget in tokens (about 4 characters each); default {MCP_MAX_TOKENS}. "
+          "Hot memories take at most 40 % of it; what is left out is listed in `budget.left_out`.",
+          default=MCP_MAX_TOKENS, ge=1, le=MAX_TOKENS,
+          invalid=(codes.QUERY_INVALID_MAX_TOKENS, "max_tokens must be a positive integer")),
+    QUERY_PARAMS["k"],
+    Param("recent", int, "newest handoff records to include (default 3)", f"How many of the newest handoff records "
+          f"(what earlier sessions left for the next one) to include, 0-{MAX_RECENT}.", default=3, ge=0,
+          le=MAX_RECENT, invalid=(codes.CONTEXT_INVALID_RECENT, f"recent must be an integer in 0..{MAX_RECENT}")),
+    QUERY_PARAMS["format"],
+)
+CONTEXT_PARAMS = {p.name: p for p in CONTEXT}

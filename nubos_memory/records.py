@@ -6,10 +6,11 @@ still a valid v2 record::
 
     {"id", "type", "phase", "title", "body", "tags", "provenance", "created_at",
      "source_file"?, "chunk_index"?, "heading"?, "importance"?, "supersedes"?,
-     "anchors"?, "git"?, "valid_until"?}
+     "anchors"?, "git"?, "valid_until"?, "hot"?}
 
 ``anchors`` cite code (``api/anchors.py`` stamps and checks them); ``git`` is where a record was
-written (branch, commit, worktree); ``valid_until`` retires a record by itself from that time on.
+written (branch, commit, worktree); ``valid_until`` retires a record by itself from that time on; ``hot``
+(written only when true) puts a record in every ``memory-context`` block until ``memory-unpin``.
 
 Every field error has its own stable code (``record-invalid-type``,
 ``record-missing-title``, ...) and names the record by its position in the
@@ -57,7 +58,7 @@ __all__ = ["EMBED_TEMPLATE", "FIELDS", "ID_PATTERN", "MAX_BODY", "MAX_REASON", "
 SCHEMA_VERSION = 2
 FIELDS = ("id", "type", "phase", "title", "body", "tags", "provenance", "created_at")
 OPTIONAL_FIELDS = ("source_file", "chunk_index", "heading", "importance", "supersedes", "anchors", "git",
-                   "valid_until")
+                   "valid_until", "hot")
 MAX_ANCHORS = 32
 ANCHOR_KEYS = ("path", "lines", "sha", "head", "commit")
 GIT_KEYS = ("branch", "commit", "worktree")
@@ -257,13 +258,18 @@ def _optional(raw: dict[str, Any], out: dict[str, Any]) -> None:
 
 
 def _about_the_code(raw: dict[str, Any], out: dict[str, Any]) -> None:
-    """The fields that tie a record to the code and to time: anchors, git, valid_until."""
+    """The fields that tie a record to the code and to time: anchors, git, valid_until; and hot."""
     if raw.get("anchors") is not None:
         out["anchors"] = _anchors(raw["anchors"])
     if raw.get("git") is not None:
         out["git"] = _git(raw["git"])
     if raw.get("valid_until") is not None:
         out["valid_until"] = _time(raw["valid_until"], codes.RECORD_INVALID_VALID_UNTIL, "valid_until")
+    hot = raw.get("hot")
+    if hot is not None and type(hot) is not bool:
+        raise _Fail(codes.RECORD_INVALID_HOT, "hot must be true or false", "hot")
+    if hot:  # pinned on write (memory-context); false is the default and is not written
+        out["hot"] = True
 
 
 def _anchor(value: Any) -> dict[str, Any]:

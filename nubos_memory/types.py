@@ -29,6 +29,7 @@ class Record(TypedDict):
     anchors: NotRequired[list[dict[str, Any]]]  # code it cites: {path, lines?, sha, head, commit?} (api/anchors.py)
     git: NotRequired[dict[str, str | None]]  # where it was written: {branch, commit, worktree}
     valid_until: NotRequired[str]  # ISO-8601: retired by itself from then on (expired)
+    hot: NotRequired[bool]  # pinned on write: in every memory-context block (memory-unpin undoes it; log.py)
 
 
 class Embedding(TypedDict, total=False):
@@ -108,6 +109,31 @@ class QueryResult(TypedDict):
     warnings: list[Problem]
     budget: NotRequired[dict[str, Any]]
     scope: NotRequired[dict[str, Any]]  # the memory folders read, how each was found, branch and commit
+
+
+class ContextSection(TypedDict):
+    """One part of a ``memory-context`` block: its hits, the tokens they take and the most it may take."""
+
+    hits: list[Hit]
+    used: int
+    limit: int
+
+
+class ContextSections(TypedDict):
+    hot: ContextSection  # pinned records, newest first (api/turn.py)
+    relevant: ContextSection  # the hybrid query's best hits for the task
+    recent: ContextSection  # the newest handoff records: what prior sessions left
+
+
+class ContextResult(TypedDict):
+    """The answer of ``memory-context``: one block to inject into an agent's turn (api/turn.py)."""
+
+    query: dict[str, Any]
+    sections: ContextSections
+    budget: dict[str, Any]  # max_tokens, used, shares, and every record left out (id, section, tokens, why)
+    degraded: dict[str, Any] | None
+    warnings: list[Problem]
+    scope: NotRequired[dict[str, Any]]
 
 
 class WriteResult(TypedDict):

@@ -15,7 +15,8 @@ from nubos_memory.limits import FUSIONS, MAX_TAGS, MAX_TITLE, MCP_MAX_TOKENS, MO
 
 from .conftest import REPO
 
-TOOLS = {"memory_add", "memory_query", "memory_get", "memory_ingest", "memory_forget", "memory_stats", "memory_rebuild"}
+TOOLS = {"memory_add", "memory_query", "memory_context", "memory_get", "memory_ingest", "memory_forget", "memory_stats",
+         "memory_rebuild"}
 
 
 def session(root):
@@ -48,7 +49,7 @@ def test_tools_and_their_schemas_match_the_handlers(project):
     add = schemas["memory_add"]
     assert set(add["required"]) == {"type", "title"}
     assert set(add["properties"]) == {"type", "title", "body", "tags", "phase", "provenance", "id", "supersedes",
-                                      "importance", "anchors", "valid_until", "force"}
+                                      "importance", "anchors", "valid_until", "hot", "force"}
     assert add["properties"]["title"]["maxLength"] == MAX_TITLE
     assert add["properties"]["provenance"]["enum"] == list(PROVENANCES)  # plain, not anyOf [X, null]
     assert add["properties"]["tags"]["maxItems"] == MAX_TAGS

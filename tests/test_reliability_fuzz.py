@@ -96,6 +96,9 @@ FLAGS = {
     "memory-query": ["--text", "--k", "--type", "--phase", "--tags", "--alpha", "--fusion", "--mode", "--max-tokens",
                      "--format"],
     "memory-forget": ["--reason"],
+    "memory-context": ["--text", "--k", "--max-tokens", "--recent", "--format"],
+    "memory-pin": [],
+    "memory-unpin": [],
     "memory-prune": ["--unused-for"],
     "memory-ingest": ["--include", "--exclude", "--type"],
     "memory-index": ["--records-file"],
@@ -111,7 +114,7 @@ def test_bad_flags_and_queries(root, data):
     argv = [verb, "--root", str(root)]
     for flag in data.draw(st.lists(st.sampled_from(FLAGS[verb] or ["--bogus"]), max_size=5, unique=True)):
         argv += [flag, data.draw(nasty)]
-    if verb in ("memory-query", "memory-forget", "memory-ingest"):
+    if verb in ("memory-query", "memory-forget", "memory-ingest", "memory-context", "memory-pin", "memory-unpin"):
         argv += data.draw(st.lists(nasty, max_size=3))
     if data.draw(st.booleans()):
         argv.append(data.draw(st.sampled_from(["--explain", "--force", "--dry-run", "--prune-missing",

@@ -28,6 +28,10 @@ def provenance_label(record: Record) -> str:
     return f" [CACHED:{prov}]" if prov else ""
 
 
+# Hits a memory-context block includes for what they are, not for a score (``turn.py``).
+UNSCORED = {"hot": "pinned (hot)", "recent": "recent handoff"}
+
+
 def render_hit(rank: int, hit: Hit) -> str:
     """One hit as a markdown section."""
     rec = hit["record"]
@@ -41,7 +45,7 @@ def render_hit(rank: int, hit: Hit) -> str:
         facts.append(f"phase: {rec['phase']}")
     if rec.get("tags"):
         facts.append("tags: " + ", ".join(rec["tags"]))
-    facts.append(f"score: {hit['score']:.3f} ({hit['retrieval']})")
+    facts.append(UNSCORED.get(hit["retrieval"]) or f"score: {hit['score']:.3f} ({hit['retrieval']})")
     body = (rec.get("body") or "").strip()
     folded = hit.get("collapsed")
     fold = ""
@@ -72,7 +76,12 @@ def fit_budget(hits: list[Hit], max_tokens: int) -> tuple[list[Hit], dict[str, A
 
 
 def render_markdown(result: QueryResult | dict[str, Any]) -> str:
-    """A whole ``memory-query`` answer as one markdown context block."""
+    """A whole ``memory-query`` answer as one markdown context block (a ``memory-context`` answer: its own
+    block, ``turn.render_context``)."""
+    if "sections" in result:
+        from .turn import render_context
+
+        return render_context(dict(result))
     query = result.get("query", {}).get("text", "")
     hits = result.get("hits", [])
     lines = [f"## Prior memory for: {query}", ""]

@@ -29,8 +29,8 @@ from ..embed import Embedder, make_embedder
 from ..errors import DisabledError, InputError, NubosMemoryError, StoreError, UsageError
 from ..fsio import DIR_MODE, atomic_write_bytes, dumps, read_regular
 from ..limits import MAX_ECHO, MAX_GET, MAX_PHASE, MAX_QUERY_CHARS, MAX_REASON
-from ..log import LogScan, anchor_op, read
-from ..params import QUERY_PARAMS, check
+from ..log import LogScan, anchor_op, hot_record, read
+from ..params import CONTEXT_PARAMS, QUERY_PARAMS, check
 from ..progress import Reporter, stage
 from ..records import (
     SCHEMA_VERSION,
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from ..store.base import Store
     from ..types import (
         AddResult,
+        ContextResult,
         ForgetResult,
         GetResult,
         GotRecord,
@@ -400,6 +401,36 @@ class Memory:
                                                   "retrievals are not counted"})
         return result
 
+    @_answer
+    def pin(self, ids: list[str]) -> dict[str, Any]:
+        """Mark records hot (``memory-pin``): every ``memory-context`` block includes them.  A ``pin`` op per
+        record is appended (``log.py``); unknown ids are refused (``record-not-found``), retired ones listed."""
+        from .turn import set_hot
+
+        return set_hot(self, ids, True)
+
+    @_answer
+    def unpin(self, ids: list[str]) -> dict[str, Any]:
+        """Records no longer hot (``memory-unpin``): an ``unpin`` op per record; the records stay."""
+        from .turn import set_hot
+
+        return set_hot(self, ids, False)
+
+    @_answer
+    def context(self, text: str | None, *, max_tokens: int = CONTEXT_PARAMS["max_tokens"].default, k: int = 8,
+                recent: int = 3, track: bool = True) -> "ContextResult":
+        """One block for an agent's turn (``memory-context``; ``turn.py``): the live hot records (at most
+        40 % of ``max_tokens``, newest first), the task's best ``k`` hits, the ``recent`` newest handoff
+        records; no record twice; every record left out named in ``budget.left_out``."""
+        from .turn import build_context
+
+        self.require_enabled()
+        if text is None:
+            raise UsageError("the task text is required (--text or positional)")
+        for name, value in (("max_tokens", max_tokens), ("k", k), ("recent", recent)):
+            check(CONTEXT_PARAMS[name], value)
+        return build_context(self, text, max_tokens=max_tokens, k=k, recent=recent, track=track)
+
     def _on_branch(self, branch: str | None) -> "np.ndarray | None":
         """``branch="current"``: the positions of the records merged into HEAD or written outside git."""
         return None if branch is None else self._branch.positions(self.scan().records)
@@ -445,7 +476,7 @@ class Memory:
         self.store.prepare()
         with self.store.lock("memory-compact"):
             scan, recovered = settled_scan(self.snap, self.store)
-            live = [scan.records[p] for p in range(len(scan.records)) if p not in scan.dead]
+            live = [hot_record(scan, p) for p in range(len(scan.records)) if p not in scan.dead]  # pins kept
             rewritten = self.store.rewrite(live)
             self.store.usage.fold(force=True)
         result = self.rebuild(progress)

@@ -19,7 +19,7 @@ import numpy as np
 from .. import codes
 from ..errors import EmbeddingError, InputError, RebuildRequired, StoreError
 from ..faults import crash_point
-from ..log import LogScan, forget_op
+from ..log import LogScan, forget_op, hot_record
 from ..records import embed_text, recency
 from ..search.dedup import find_exact, fingerprint, nearest, within_batch
 from .gitstate import stamp_git
@@ -55,7 +55,8 @@ def history(scan: LogScan) -> list[dict[str, Any]]:
     """A log's history as the lines that replay it, in its order: every record version, and every
     retirement that is not a supersede (a superseding record's own line replays that) as a forget line
     with its original time and reason."""
-    events: list[tuple[int, dict[str, Any]]] = [(scan.line_of[pos], dict(rec)) for pos, rec in enumerate(scan.records)]
+    events: list[tuple[int, dict[str, Any]]] = [(scan.line_of[pos], dict(hot_record(scan, pos)))  # pins kept
+                                                for pos in range(len(scan.records))]
     for pos, why in scan.dead.items():
         if why.get("reason") in ("superseded", "redacted"):
             continue

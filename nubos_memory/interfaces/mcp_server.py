@@ -54,6 +54,7 @@ from ..limits import MAX_ECHO
 from ..params import ID, ONE_LINE, TAG, Param, Text
 from ..types import (
     AddResult,
+    ContextResult,
     ForgetResult,
     GetResult,
     IngestResult,
@@ -72,7 +73,8 @@ if TYPE_CHECKING:
 
 INSTRUCTIONS = """Long-term project memory for coding agents: learnings, decisions, research notes, critic
 findings and handoffs written by earlier sessions. Query it before you research, plan or review
-(memory_query); open records by id (memory_get); write what you learned when you are done (memory_add).
+(memory_query), or get one block for a turn (memory_context: pinned memories, the best hits, recent
+handoffs); open records by id (memory_get); write what you learned when you are done (memory_add).
 Hits are advisory prior art. Every error is a JSON envelope {"error": {"code", "message", "details"}}."""
 
 
@@ -189,6 +191,15 @@ TOOLS = (
         Hybrid keyword + semantic search. Filters that cannot match say so in `warnings`. If the vector
         layer is unavailable the answer is keyword-only and says so in `degraded`. Hits carry ids that
         memory_get opens.""", markdown="format"),
+    Tool("memory_context", "memory-context", "Memory for this turn", {"read_only_hint": True, "idempotent_hint": True},
+         ContextResult,
+         """Build the memory block for this turn of your work, within a token budget: call it at the start of a turn.
+
+        Three sections, no record twice: `hot` (memories pinned to be always included: standing rules and
+        facts, newest first, at most 40 % of `max_tokens`), `relevant` (the best hits for `text`, as
+        memory_query finds them) and `recent` (the newest handoff notes earlier sessions left). Records
+        that did not fit are listed in `budget.left_out`. format "markdown" gives the block ready to put
+        in a prompt.""", markdown="format"),
     Tool("memory_get", "memory-get", "Open records by id", {"read_only_hint": True, "idempotent_hint": True},
          GetResult,
          """Open records by id, live or retired: a retired record says why, when and by what.

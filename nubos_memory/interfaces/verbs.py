@@ -205,7 +205,7 @@ def _add(ctx: Context, request: Request) -> Any:
     record = {"type": request.get("type"), "title": request.get("title"), "body": body,
               "tags": tags(request.get("tags")), "phase": request.get("phase"),
               "provenance": request.get("provenance")}
-    for key in ("id", "created_at", "supersedes", "importance", "anchors", "valid_until"):
+    for key in ("id", "created_at", "supersedes", "importance", "anchors", "valid_until", "hot"):
         if request.get(key) is not None:
             record[key] = request[key]
     return mem.add(record, force=bool(request.get("force")))
@@ -228,13 +228,17 @@ def _index(ctx: Context, request: Request) -> Any:
     return mem.index(parse_batch(data, path), force=bool(request.get("force")), progress=ctx.progress)
 
 
-@verb("memory-query", "hybrid BM25 + vector search", P.QUERY)
-def _query(ctx: Context, request: Request) -> Any:
+def _text(request: Request) -> Any:
+    """The query's text, given as ``--text`` or positionally."""
     text, positional = request.get("text"), request.get("positional")
     if text is not None and positional:
         raise UsageError("give the query as --text or positionally, not both")
-    if text is None and positional:
-        text = " ".join(positional)
+    return " ".join(positional) if text is None and positional else text
+
+
+@verb("memory-query", "hybrid BM25 + vector search", P.QUERY)
+def _query(ctx: Context, request: Request) -> Any:
+    text = _text(request)
     options = {p.name: argument(p, request) for p in P.QUERY if p.name not in NOT_QUERY_OPTIONS}
     result = _memory(ctx, request).query(text, collapse=not request.get("no_collapse"), **options)
     if FORMAT_ALIASES.get(request.get("format") or "", request.get("format")) == "markdown":
@@ -252,6 +256,30 @@ def _get(ctx: Context, request: Request) -> Any:
 @verb("memory-forget", "retire records by id (tombstones; the log stays append-only)", P.FORGET, writes=True)
 def _forget(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).forget(list(request.get("ids") or []), reason=request.get("reason") or "forgotten")
+
+
+@verb("memory-pin", "mark records hot: memory-context includes them in every block (an append-only log operation)",
+      P.PIN, writes=True)
+def _pin(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).pin(list(request.get("ids") or []))
+
+
+@verb("memory-unpin", "records no longer hot (an append-only log operation; the records stay)", P.UNPIN,
+      writes=True)
+def _unpin(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).unpin(list(request.get("ids") or []))
+
+
+@verb("memory-context", "one block for an agent's turn within --max-tokens: hot records, the task's best hits, the "
+      "newest handoffs (--format md: markdown to inject)", P.CONTEXT)
+def _context(ctx: Context, request: Request) -> Any:
+    options = {p.name: argument(p, request) for p in P.CONTEXT if p.name not in NOT_QUERY_OPTIONS}
+    result = _memory(ctx, request).context(_text(request), **options)
+    if FORMAT_ALIASES.get(request.get("format") or "", request.get("format")) == "markdown":
+        from ..api.turn import render_context
+
+        return render_context(result)  # printed as text, not JSON
+    return result
 
 
 @verb("memory-redact", "remove the text of records from the log and its backups for good (a leaked secret); "
