@@ -171,3 +171,18 @@ def test_memory_context_over_mcp(project):
     assert data["sections"]["hot"]["hits"][0]["record"]["title"] == "Always use pnpm, never npm"
     assert md.startswith("## Memory for this turn: package manager") and "pinned (hot)" in md
     assert bad and envelope["error"]["code"] == "argument-invalid"
+
+
+def test_one_warm_memory_sees_new_and_retired_handoffs(project):
+    mem = Memory.open(project)
+    first = mem.add({"type": "handoff", "title": "Session 1 handoff", "created_at": "2026-03-01T00:00:00Z"})["id"]
+    assert ids(mem.context("anything")["sections"]["recent"]) == [first]
+    second = mem.add({"type": "handoff", "title": "Session 2 handoff", "created_at": "2026-03-02T00:00:00Z"})["id"]
+    assert ids(mem.context("anything", recent=1)["sections"]["recent"]) == [second]
+    mem.forget([second])
+    assert ids(mem.context("anything")["sections"]["recent"]) == [first]
+    mem.compact()
+    assert ids(mem.context("anything")["sections"]["recent"]) == [first]
+    mem.pin([first])
+    out = mem.context("anything")
+    assert ids(out["sections"]["hot"]) == [first] and out["sections"]["recent"]["hits"] == []

@@ -46,6 +46,7 @@ from ..search.snapshot import Snapshot
 from ..store import open_store, parse_duration, scope
 from .anchors import AnchorCheck, stamp_anchors, verify_anchors, weigh_freshness
 from .gitstate import BranchFilter, GitState, mark_merged
+from .turn import Handoffs
 from .vectorsync import VectorSync
 from .writepath import WritePath, history, settled_scan
 
@@ -122,6 +123,7 @@ class Memory:
         self._branch = BranchFilter(self.git)
         self.notices: list[dict[str, Any]] = []
         self.anchors = AnchorCheck(project.root)  # cited files are read once per identity (size, mtime)
+        self.handoffs = Handoffs()  # the handoff records, newest first, for memory-context (turn.py)
         self._settle_tried: tuple[Any, int] | None = None
 
     @classmethod

@@ -90,13 +90,38 @@ def hot_hits(scan: LogScan, now: float) -> "list[Hit]":
     return [_hit(scan.records[p], "hot") for p in _newest_first(scan, live)]
 
 
-def handoff_hits(scan: LogScan, now: float, skip: set[str], count: int) -> "list[Hit]":
-    """The ``count`` newest live handoff records whose ids are not in ``skip``."""
-    if count <= 0:
-        return []
-    found = [p for p, rec in enumerate(scan.records) if rec["type"] == HANDOFF and p not in scan.dead
-             and rec["id"] not in skip and expiry(rec, now) is None]
-    return [_hit(scan.records[p], "recent") for p in _newest_first(scan, found)[:count]]
+class Handoffs:
+    """The positions of a log's handoff records, newest first, kept as the log grows: a per-turn read
+    looks at the new records only, never at every record."""
+
+    def __init__(self) -> None:
+        self.generation = -1
+        self.seen = 0
+        self.order: list[tuple[float, int]] = []  # (-created, position): newest first when sorted
+
+    def newest(self, scan: LogScan) -> list[tuple[float, int]]:
+        if scan.generation != self.generation or len(scan.records) < self.seen:  # the log was read again
+            self.generation, self.seen, self.order = scan.generation, 0, []
+        if len(scan.records) > self.seen:
+            for pos in range(self.seen, len(scan.records)):
+                rec = scan.records[pos]
+                if rec["type"] == HANDOFF:
+                    created = iso_to_epoch(rec.get("created_at"))
+                    self.order.append((-created if created is not None else math.inf, -pos))
+            self.order.sort()
+            self.seen = len(scan.records)
+        return self.order
+
+    def hits(self, scan: LogScan, now: float, skip: set[str], count: int) -> "list[Hit]":
+        """The ``count`` newest live handoff records whose ids are not in ``skip``."""
+        out: list[Hit] = []
+        for _, neg in self.newest(scan) if count > 0 else ():
+            rec = scan.records[-neg]
+            if -neg not in scan.dead and rec["id"] not in skip and expiry(rec, now) is None:
+                out.append(_hit(rec, "recent"))
+                if len(out) == count:
+                    break
+        return out
 
 
 def _cost(hits: "list[Hit]") -> int:
@@ -120,13 +145,15 @@ def build_context(mem: "Memory", text: str, *, max_tokens: int, k: int, recent: 
     left_out: list[dict[str, Any]] = []
     hot = _section(hot_all, int(max_tokens * HOT_SHARE), "hot-share", left_out, "hot")
     taken = {h["id"] for h in hot["hits"]}
-    result = mem.query(text, k=min(MAX_K, k + len(taken)), track=False)  # validates the text
+    result = mem.query(text, k=k, track=False)  # validates the text
+    if len(result["hits"]) == k and any(h["id"] in taken for h in result["hits"]):  # hot ones among them
+        result = mem.query(text, k=min(MAX_K, k + len(taken)), track=False)
     relevant_all = [h for h in result["hits"] if h["id"] not in taken][:k]
-    handoffs = handoff_hits(scan, now, taken, recent)
+    handoffs = mem.handoffs.hits(scan, now, taken, recent)
     reserve = min(int(max_tokens * RECENT_SHARE), _cost(handoffs))
     relevant = _section(relevant_all, max_tokens - hot["used"] - reserve, "budget", left_out, "relevant")
     taken |= {h["id"] for h in relevant["hits"]}
-    recent_all = handoff_hits(scan, now, taken, recent)
+    recent_all = mem.handoffs.hits(scan, now, taken, recent)
     weigh_freshness(recent_all, mem.anchors, mem.config.stale_factor)
     latest = _section(recent_all, max_tokens - hot["used"] - relevant["used"], "budget", left_out, "recent")
     taken |= {h["id"] for h in latest["hits"]}
