@@ -186,3 +186,11 @@ def test_one_warm_memory_sees_new_and_retired_handoffs(project):
     mem.pin([first])
     out = mem.context("anything")
     assert ids(out["sections"]["hot"]) == [first] and out["sections"]["recent"]["hits"] == []
+
+
+def test_relevant_still_has_k_hits_when_hot_records_are_the_best_matches(project):
+    index_records(project, [rec(f"Retry rule {i}", "retry backoff jitter", id=f"r{i}", hot=i < 3) for i in range(12)])
+    out = context(project, "retry backoff jitter", "--k", "5", "--recent", "0")
+    assert set(ids(out["sections"]["hot"])) == {"r0", "r1", "r2"}
+    relevant = ids(out["sections"]["relevant"])
+    assert len(relevant) == 5 and not set(relevant) & {"r0", "r1", "r2"}
