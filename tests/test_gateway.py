@@ -287,3 +287,13 @@ def test_the_key_is_never_in_any_output():
     assert OUTPUTS, "run with the other gateway tests"
     assert not [o for o in OUTPUTS if SECRET in o]
     assert os.environ.get("OPENAI_API_KEY") != SECRET  # monkeypatch restored it
+
+
+def test_memory_eval_embeds_through_the_projects_gateway(gw_project: Path, tmp_path: Path):
+    """memory-eval scores with the gateway the project resolved (its loopback URL from the project config)."""
+    from .test_evaluate import _mini_beir
+
+    _mini_beir(tmp_path / "beir")
+    r = cli("memory-eval", "--root", str(gw_project), "--mode", "hybrid", "--no-cache", "--beir", str(tmp_path / "beir"))
+    assert r.code == 0, r.err
+    assert r.json["model"] != "sentence-transformers/all-MiniLM-L6-v2" and r.json["modes"]["hybrid"]["degraded_queries"] == 0

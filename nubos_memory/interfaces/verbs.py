@@ -369,10 +369,16 @@ def _eval(ctx: Context, request: Request) -> Any:
 
     mode = request.get("mode") or "all"
     modes = MODES if mode == "all" else (mode,)
-    config = load_project(request.get("root")).config.to_dict()
+    settings = load_project(request.get("root")).config
+    config = settings.to_dict()
     beir = request.get("beir") or []
     folders = [Path(p) for p in ([beir] if isinstance(beir, str) else beir)]
-    result = evaluate(config, folders, split=request.get("split") or "test", modes=modes,
+    gateway = None
+    if settings.provider == "openai":  # its URL and key as this project resolved them (user settings, env)
+        from ..embed import make_embedder
+
+        gateway = make_embedder(settings.provider, settings.model, config=settings)
+    result = evaluate(config, folders, split=request.get("split") or "test", modes=modes, embedder=gateway,
                       k=request.get("k", 10), alpha=request.get("alpha"), max_queries=request.get("max_queries"),
                       cache=not request.get("no_cache"), ignore_identical_ids=not request.get("keep_identical_ids"),
                       progress=ctx.progress)
