@@ -297,3 +297,48 @@ def test_memory_eval_embeds_through_the_projects_gateway(gw_project: Path, tmp_p
     r = cli("memory-eval", "--root", str(gw_project), "--mode", "hybrid", "--no-cache", "--beir", str(tmp_path / "beir"))
     assert r.code == 0, r.err
     assert r.json["model"] != "sentence-transformers/all-MiniLM-L6-v2" and r.json["modes"]["hybrid"]["degraded_queries"] == 0
+
+
+def test_a_redirect_is_not_followed_so_the_key_goes_nowhere_else(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import http.server
+    import threading
+
+    seen: list[str | None] = []
+
+    class Catch(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(500)
+            self.end_headers()
+
+        do_GET = do_POST  # a followed 302 arrives as a GET, with the headers copied
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    catcher = http.server.HTTPServer(("127.0.0.1", 0), Catch)
+
+    class Redirect(Catch):
+        def do_POST(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{catcher.server_port}/v1/embeddings")
+            self.end_headers()
+
+    redirector = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+    for server in (catcher, redirector):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cache = tmp_path / "cache"
+        cache.mkdir(mode=0o700)
+        monkeypatch.setenv("NUBOS_MEMORY_CACHE", str(cache))
+        monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+        root = tmp_path / "proj"
+        root.mkdir()
+        assert run_cli(["memory-init", "--root", str(root)]).code == 0
+        write_config(root, provider="openai", model="e5", base_url=f"http://127.0.0.1:{redirector.server_port}/v1",
+                     embed_timeout_s=1, breaker={"failures": 2, "cooldown_s": 1})
+        add(root, "a note", "its body")
+        assert seen == []  # the key never reached the redirect's target
+    finally:
+        catcher.shutdown()
+        redirector.shutdown()

@@ -169,8 +169,10 @@ class GatewayEmbedder(Embedder):
         self.requests += 1
         req = urllib.request.Request(f"{self.base_url}/embeddings", data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                raw = resp.read()
+            with _OPENER.open(req, timeout=timeout) as resp:
+                raw = resp.read(MAX_ANSWER_BYTES + 1)
+            if len(raw) > MAX_ANSWER_BYTES:
+                raise _Failed(f"the answer is larger than {MAX_ANSWER_BYTES >> 20} MiB", retry=False)
         except urllib.error.HTTPError as exc:
             detail = exc.read(4096).decode("utf-8", "replace")[:MAX_MESSAGE]
             raise _Failed(f"HTTP {exc.code}: {detail}", retry=exc.code >= 500 or exc.code == 429) from None
@@ -201,6 +203,17 @@ class GatewayEmbedder(Embedder):
                                  code=codes.EMBEDDING_FAILED, details={"base_url": self.base_url})
         served = answer.get("model")
         return vectors, served if isinstance(served, str) and served else self.model_id
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A gateway that answers with a redirect is refused: following it would send the key elsewhere."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        raise urllib.error.HTTPError(req.full_url, code, "a redirect is not followed", headers, fp)
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+MAX_ANSWER_BYTES = 256 << 20  # an answer larger than this is refused, never held whole
 
 
 def _when(at: Any) -> str:
