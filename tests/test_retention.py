@@ -279,3 +279,17 @@ def test_no_retrieval_is_lost_while_usage_is_folded(tmp_path):
     usage.fold(force=True)
     _, counts = usage.summary()
     assert sum(c for c, _ in counts.values()) == 1200 and len(counts) == 28
+
+
+def test_prune_leaves_an_expired_record_alone(project):
+    """An expired record is no longer live (valid_until): pruning by age does not tombstone it."""
+    old = "2025-01-01T00:00:00Z"
+    records = [rec("old unused note about kafka", "partitions", id="old-unused", created_at=old),
+               rec("old expired note about kafka", "offsets", id="expired", created_at=old,
+                   valid_until="2025-06-01T00:00:00Z")]
+    assert index_records(project, records).code == 0
+    _age(project, since=time.time() - 400 * 86400)
+    done = run_cli(["memory-prune", "--root", str(project), "--unused-for", "90d"]).json
+    assert done["retired"] == ["old-unused"]
+    got = run_cli(["memory-get", "--root", str(project), "expired"]).json["records"][0]
+    assert got["retired"]["reason"] == "expired"  # still expired, not pruned

@@ -526,8 +526,10 @@ class Memory:
             })
             return out
         doomed = []
+        now = time.time()
         for pos, rec in enumerate(scan.records):
-            if pos in scan.dead:
+            until = iso_to_epoch(rec.get("valid_until"))
+            if pos in scan.dead or (until is not None and until <= now):  # retired, or expired by itself
                 continue
             created = iso_to_epoch(rec.get("created_at"))
             if created is None:
