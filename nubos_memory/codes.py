@@ -118,6 +118,8 @@ QUERY_INVALID_TAGS = _code("query-invalid-tags", "a tags filter is not a list of
 QUERY_INVALID_SINCE = _code("query-invalid-since", "a since filter is not an ISO-8601 time with a zone")
 QUERY_INVALID_AS_OF = _code("query-invalid-as-of", "an as-of time is not an ISO-8601 time with a zone")
 QUERY_INVALID_BRANCH = _code("query-invalid-branch", "a branch filter is not one of the known values (current)")
+QUERY_SYNTAX = _code("query-syntax", "the query's syntax is malformed (an unbalanced quote, an operator with nothing "
+                     "to apply to): it was read as plain words")
 QUERY_NO_TERMS = _code("query-no-terms", "the query has no searchable term: it is answered by vectors alone")
 FILTERS_MATCH_NOTHING = _code("filters-match-nothing", "the filters leave no record to rank")
 

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
     from ..progress import Progress
     from ..search.snapshot import VectorState
+    from ..search.syntax import Parsed
     from ..store.base import Store
     from ..types import (
         AddResult,
@@ -389,7 +390,8 @@ class Memory:
         self._check_filters(type, phase, tags)
         result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
                            fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact,
-                           since=since, as_of=as_of, positions=self._on_branch(branch), side_weights=side_weights)
+                           since=since, as_of=as_of, positions=self._on_branch(branch), side_weights=side_weights,
+                           syntax=self._syntax(text))
         mark_merged(result["hits"], self.git)
         result["scope"] = scope(self.project).as_dict()  # the folders read, how found, branch and commit
         if branch is not None:
@@ -436,6 +438,23 @@ class Memory:
     def _on_branch(self, branch: str | None) -> "np.ndarray | None":
         """``branch="current"``: the positions of the records merged into HEAD or written outside git."""
         return None if branch is None else self._branch.positions(self.scan().records)
+
+    def _syntax(self, text: str) -> "Parsed | None":
+        """The text's query syntax (``search/syntax.py``; None: none); its field filters are checked as
+        the flags are (``type:learnings`` is refused like ``--type learnings``)."""
+        from ..search.syntax import parse
+
+        parsed = parse(text)
+        if parsed is not None:
+            for name, values in parsed.filters.items():
+                for value in values:
+                    if name == "type":
+                        self._check_filters(value, None, None)
+                    elif name == "phase":
+                        self._check_filters(None, value, None)
+                    elif name == "tag":
+                        self._check_filters(None, None, [value])
+        return parsed
 
     def _check_filters(self, type_: Any, phase: Any, tags: Any) -> None:
         """Refuse filters that can never match (a typo such as ``learnings``), saying what can."""

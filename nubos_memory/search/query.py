@@ -31,14 +31,16 @@ import numpy as np
 
 from .. import codes
 from ..errors import EmbeddingError, StoreError
-from ..records import iso_to_epoch
+from ..limits import MAX_TAGS
+from ..records import iso_to_epoch, lexical_text, phase_matches
 from ..tokenize import tokenize
 from . import sideweight
-from .answer import empty_answer, groups_of, hit_of
+from .answer import echo, empty_answer, groups_of, hit_of
 from .fusion import Candidate, importance_factor, ranker, uses_context
 from .lexical_side import LexicalSide, lexical_side
 from .neighbours import CONTEXT_VECTOR, live_neighbours, with_context
 from .plan import Request, Scope
+from .syntax import Matcher, Parsed, expansions, scored_terms
 from .timeline import live_mask
 from .vector_side import Cosines, VectorSide, query_vector, vector_side
 
@@ -69,7 +71,8 @@ class Searchable(Protocol):
 def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: str | None, tags: list[str],
               alpha: float, fusion: str, explain: bool, mode: str = "hybrid", collapse: bool = True,
               phase_exact: bool = False, since: str | None = None, as_of: str | None = None,
-              positions: np.ndarray | None = None, side_weights: bool = False) -> "QueryResult":
+              positions: np.ndarray | None = None, side_weights: bool = False,
+              syntax: Parsed | None = None) -> "QueryResult":
     """Answer one query; never fails because of the vector layer (it reports ``degraded``).
 
     ``mode`` "lexical" or "vector" ranks by one signal only (with its neighbour context).  With
@@ -79,7 +82,8 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
     at that time (``timeline.py``), ranked by the same path.  ``positions`` restricts the query to those
     records (by log position) before anything is ranked, like the other filters.  ``side_weights``:
     z fusion's weight is the memory's estimate (``sideweight.py``, kept in the manifest) where there
-    is one, else ``alpha``; the answer's ``query.alpha`` says which was used.
+    is one, else ``alpha``; the answer's ``query.alpha`` says which was used.  ``syntax``: the text's
+    query syntax (``syntax.parse``; None: a bag of words, as always), applied by ``_with_syntax``.
     """
     req = Request(text, k, type, phase, tags, alpha, fusion, explain, mode, collapse, phase_exact, since, as_of,
                   positions=positions, side_weights=side_weights)
@@ -89,6 +93,8 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
     if live is None and mem.snap.expired:
         out["counts"]["records"] = int(mem.snap.alive.sum())  # expired records are not live
     terms = tokenize(text)
+    if syntax is not None:
+        terms, text, req = _with_syntax(mem.snap, scan, syntax, req, out)
     filtered = _filtered(mem.snap, scan, req, terms, out, live)
     if filtered is None:
         return out
@@ -141,6 +147,54 @@ def _filtered(snap: Snapshot, scan: LogScan, req: Request, terms: list[str], out
                                                "drop or widen them", "filters": out["query"]["filters"]})
         return None
     return allowed, positions
+
+
+def _with_syntax(snap: Snapshot, scan: LogScan, parsed: Parsed, req: Request,
+                 out: QueryResult) -> tuple[list[str], str, Request]:
+    """The terms BM25 scores, the text the vector side embeds and the request restricted to the records
+    that pass the syntax's conditions and field filters (``syntax.py``); a malformed text is read as
+    plain words, with a warning."""
+    if parsed.plain:
+        out["warnings"].append({"code": codes.QUERY_SYNTAX, "message": parsed.warning or ""})
+        if req.explain:
+            out["query"]["parsed"] = {"plain": True}
+        return tokenize(req.text), req.text, req
+    engine = snap.lexical_engine()
+    prefixes = expansions(parsed, engine)
+    size = len(scan.records)
+    mask = Matcher(engine, lambda p: lexical_text(scan.records[p]), size, prefixes).all(parsed.conditions)
+    if parsed.filters:
+        fields = _field_mask(snap, scan, parsed.filters)
+        mask = fields if mask is None else mask & fields
+        out["query"]["filters"]["fields"] = {k: [echo(v) for v in vs[:MAX_TAGS]] for k, vs in parsed.filters.items()}
+    if req.explain:
+        out["query"]["parsed"] = parsed.explained(prefixes)
+    if mask is not None:
+        positions = np.flatnonzero(mask)
+        if req.positions is not None:
+            positions = positions[np.isin(positions, req.positions)]
+        req = replace(req, positions=positions)
+    return scored_terms(parsed, prefixes), parsed.free_text(), req
+
+
+def _field_mask(snap: Snapshot, scan: LogScan, filters: dict[str, list[str]]) -> np.ndarray:
+    """The records passing the text's field filters: any value of one field, every field."""
+    n = len(scan.records)
+    mask = np.ones(n, dtype=bool)
+    for name, values in filters.items():
+        if name == "type":
+            ok = np.fromiter((t in values for t in snap.types[:n]), dtype=bool, count=n)
+        elif name == "phase":
+            ok = np.fromiter((any(phase_matches(p, v) for v in values) for p in snap.phases[:n]), dtype=bool,
+                             count=n)
+        elif name == "id":
+            ok = np.fromiter((r.get("id") in values for r in scan.records), dtype=bool, count=n)
+        else:
+            ok = np.zeros(n, dtype=bool)
+            for tag in values:
+                ok[[p for p in snap.tag_positions.get(tag, []) if p < n]] = True
+        mask &= ok
+    return mask
 
 
 def _created_since(scan: LogScan, positions: np.ndarray, since: str) -> np.ndarray:
