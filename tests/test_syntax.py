@@ -54,12 +54,23 @@ def test_text_without_syntax_parses_to_none(text):
 
 
 def test_parse_reads_operators_with_precedence():
-    p = parse('cache a AND b OR NOT c "x y" -z pre* type:learning tag:ci')
+    p = parse('a AND b OR NOT c "x y" -z pre* type:learning tag:ci')
     assert p is not None and not p.plain
-    assert [a.shown() for a in p.optional] == ["cache", "pre*"]
+    assert [a.shown() for a in p.optional] == ["pre*"]
     assert [n.shown() for n in p.conditions] == ["((a AND b) OR NOT c)", '"x y"', "NOT z"]
     assert p.filters == {"type": ["learning"], "tag": ["ci"]}
-    assert p.free_text() == "cache pre a b x y"  # no operators, filters, quotes; excluded terms left out
+    assert p.free_text() == "pre a b x y"  # no operators, filters, quotes; excluded terms left out
+
+
+def test_a_phrase_quoted_in_a_sentence_is_scored_not_required():
+    # LoCoMo's questions quote titles: as plain words they rank as they always did.
+    assert parse('What did Caroline take away from the book "Becoming Nicole"?') is None
+    p = parse('stripe "webhooks arrive" -paypal')
+    assert p is not None
+    assert [a.shown() for a in p.optional] == ["stripe", '"webhooks arrive"']
+    assert [n.shown() for n in p.conditions] == ["NOT paypal"]
+    p = parse('"webhooks arrive" AND stripe key')  # in an AND group it is a condition still
+    assert p is not None and [n.shown() for n in p.conditions] == ['("webhooks arrive" AND stripe)']
 
 
 @pytest.mark.parametrize("text", ['"unbalanced phrase', "cache AND", "OR cache", "cache AND OR x", "NOT",
@@ -75,6 +86,7 @@ def test_phrase_requires_adjacent_terms_in_order(corpus):
     assert ids(q(corpus, '"arrive webhooks"')) == ["w2"]  # "a b" does not match "b a"
     assert ids(q(corpus, '"stripe order"')) == []
     assert set(ids(q(corpus, "stripe order"))) >= {"w1", "w2"}  # without quotes: a bag of words
+    assert ids(q(corpus, '"arrive webhooks" -reversed')) == []
 
 
 def test_phrase_skips_stop_words_like_the_index(corpus):
@@ -151,15 +163,18 @@ def test_operators_never_fail(corpus, text):
 
 
 def test_explain_shows_the_parse(corpus):
-    r = q(corpus, "--explain", 'pnpm "ci cache" -stripe tag:ci')
-    assert r.json["query"]["parsed"] == {"scored": ["pnpm"], "conditions": ['"ci cache"', "NOT stripe"],
-                                         "filters": {"tag": ["ci"]}, "free_text": "pnpm ci cache"}
-    assert "parsed" not in q(corpus, 'pnpm "ci cache"').json["query"]
+    r = q(corpus, "--explain", 'pnpm* "ci cache" -stripe tag:ci')
+    assert ids(r) == ["l1"]
+    assert r.json["query"]["parsed"] == {"scored": ["pnpm*"], "conditions": ['"ci cache"', "NOT stripe"],
+                                         "filters": {"tag": ["ci"]}, "free_text": "pnpm ci cache",
+                                         "prefixes": {"pnpm*": {"terms": ["pnpm"], "matched": 1}}}
+    assert "parsed" not in q(corpus, '"ci cache"').json["query"]
 
 
 # -- no syntax: today's answers, byte for byte -----------------------------------------------------------
 @pytest.mark.parametrize("text", ["stripe webhook idempotency", "not the pnpm cache", "C++ --k foo:bar invoices",
-                                  "domain:db migration lock", "release and or workflow"])
+                                  "domain:db migration lock", "release and or workflow",
+                                  'when did Jon read "The Lean Startup"?'])
 def test_no_syntax_answers_exactly_as_before(corpus, monkeypatch, text):
     def answer() -> str:
         return json.dumps(Memory.open(corpus).query(text, k=10, track=False, explain=True), sort_keys=True)
