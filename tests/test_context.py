@@ -194,3 +194,15 @@ def test_relevant_still_has_k_hits_when_hot_records_are_the_best_matches(project
     assert set(ids(out["sections"]["hot"])) == {"r0", "r1", "r2"}
     relevant = ids(out["sections"]["relevant"])
     assert len(relevant) == 5 and not set(relevant) & {"r0", "r1", "r2"}
+
+
+def test_a_task_is_words_never_query_syntax(project):
+    """memory-context reads an agent's task as words: an upper-case NOT or a quoted title filters nothing
+    (memory-query with the same text would read them as syntax)."""
+    assert index_records(project, [rec("retry the payment webhook", "stripe sends it again", id="a"),
+                                   rec("do NOT retry the import job", "it is not idempotent", id="b")]).code == 0
+    task = 'retry NOT webhook "payment"'
+    query = run_cli(["memory-query", "--root", str(project), task, "--mode", "lexical"]).json
+    assert "a" not in [h["id"] for h in query["hits"]]  # syntax: NOT webhook excludes it
+    ctx = run_cli(["memory-context", "--root", str(project), task, "--max-tokens", "4000"]).json
+    assert {"a", "b"} <= {h["id"] for h in ctx["sections"]["relevant"]["hits"]}

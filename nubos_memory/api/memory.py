@@ -357,6 +357,7 @@ class Memory:
         since: str | None = None,
         as_of: str | None = None,
         branch: str | None = None,
+        syntax: bool = True,
     ) -> "QueryResult":
         """Hybrid search (``memory-query``); see ``search/fusion.py`` for the scoring.
 
@@ -369,6 +370,8 @@ class Memory:
         from the memory as it stood then (``search/timeline.py``); its hits are not counted as retrieved.
         A hit whose record was written inside git says whether that commit is ``merged`` (reachable from
         HEAD); ``branch="current"`` keeps only those and the records written outside git (``gitstate.py``).
+        ``syntax`` reads query syntax in the text (``search/syntax.py``); off, the text is a bag of words
+        (``memory-context``: an agent's task is never a query language).
         """
         from ..search.query import run_query
         from .context import fit_budget
@@ -391,7 +394,7 @@ class Memory:
         result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
                            fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact,
                            since=since, as_of=as_of, positions=self._on_branch(branch), side_weights=side_weights,
-                           syntax=self._syntax(text))
+                           syntax=self._syntax(text) if syntax else None)
         mark_merged(result["hits"], self.git)
         result["scope"] = scope(self.project).as_dict()  # the folders read, how found, branch and commit
         if branch is not None:

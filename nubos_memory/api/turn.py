@@ -138,12 +138,12 @@ def _section(hits: "list[Hit]", limit: int, why: str, left_out: list[dict[str, A
 def _relevant(mem: "Memory", text: str, k: int, taken: set[str]) -> "QueryResult":
     """The query's answer with at least ``k`` hits not in ``taken`` where the memory has them: asked
     for ``k``, then for as many more as were taken (a larger k costs more), then for all of them."""
-    result = mem.query(text, k=k, track=False)  # validates the text
+    result = mem.query(text, k=k, track=False, syntax=False)  # a task's words, never operators; validates it
     for asked in (k + sum(h["id"] in taken for h in result["hits"]), k + len(taken)):
         hits = result["hits"]
         if len(hits) < result["query"]["k"] or sum(h["id"] not in taken for h in hits) >= k:
             break
-        result = mem.query(text, k=min(MAX_K, asked), track=False)
+        result = mem.query(text, k=min(MAX_K, asked), track=False, syntax=False)
     return result
 
 
