@@ -90,6 +90,7 @@ RECORD_INVALID_ANCHORS = _code("record-invalid-anchors", "anchors are not a list
 RECORD_INVALID_GIT = _code("record-invalid-git", "git is not an object of branch, commit and worktree strings")
 RECORD_INVALID_VALID_UNTIL = _code("record-invalid-valid-until", "valid_until is not an ISO-8601 time with a time zone")
 RECORD_INVALID_HOT = _code("record-invalid-hot", "hot is not true or false")
+RECORD_INVALID_DOMAIN = _code("record-invalid-domain", "domain is not one word of letters, digits, _ . - (at most 64 characters)")
 RECORD_TOO_LARGE = _code("record-too-large", "a title, body or other field is longer than its limit")
 RECORD_ONLY_REASONING = _code("record-only-reasoning", "a record held only reasoning blocks (think, "
                               "scratch_pad); nothing is stored")
@@ -118,6 +119,7 @@ QUERY_INVALID_TAGS = _code("query-invalid-tags", "a tags filter is not a list of
 QUERY_INVALID_SINCE = _code("query-invalid-since", "a since filter is not an ISO-8601 time with a zone")
 QUERY_INVALID_AS_OF = _code("query-invalid-as-of", "an as-of time is not an ISO-8601 time with a zone")
 QUERY_INVALID_BRANCH = _code("query-invalid-branch", "a branch filter is not one of the known values (current)")
+QUERY_INVALID_DOMAIN = _code("query-invalid-domain", "a domain filter (--domain, domain:) is not one word of letters, digits, _ . -")
 QUERY_SYNTAX = _code("query-syntax", "the query's syntax is malformed (an unbalanced quote, an operator with nothing "
                      "to apply to): it was read as plain words")
 QUERY_NO_TERMS = _code("query-no-terms", "the query has no searchable term: it is answered by vectors alone")

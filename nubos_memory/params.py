@@ -10,6 +10,7 @@ it.  Stdlib only: the light CLI path imports this (adr/0007).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,12 +18,14 @@ from . import codes
 from .errors import InputError
 from .limits import (
     BASE_TYPES,
+    DOMAIN_PATTERN,
     EVAL_MODES,
     FORMAT_ALIASES,
     FORMATS,
     FUSIONS,
     ID_PATTERN,
     MAX_BODY,
+    MAX_DOMAIN,
     MAX_ECHO,
     MAX_FORGET,
     MAX_GET,
@@ -65,6 +68,7 @@ PHASE = Text(1, MAX_PHASE, ONE_LINE)
 RECORD_ID = Text(1, MAX_ID, ID)
 TAG_TEXT = Text(1, MAX_TAG, TAG)
 GLOB = Text(1, 4096)
+DOMAIN = Text(1, MAX_DOMAIN, f"^{DOMAIN_PATTERN}$")
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,12 @@ def _echo(value: Any) -> Any:
     return value if isinstance(value, (int, float)) or value is None else str(value)[:MAX_ECHO]
 
 
+def _fits(text: Text, value: str) -> bool:
+    return ((text.min_length is None or len(value) >= text.min_length)
+            and (text.max_length is None or len(value) <= text.max_length)
+            and (text.pattern is None or re.search(text.pattern, value) is not None))
+
+
 def check(param: Param, value: Any) -> None:
     """Refuse ``value`` for ``param`` with the declared code and message (None passes where the
     parameter has no default: not given)."""
@@ -124,6 +134,8 @@ def check(param: Param, value: Any) -> None:
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
     elif param.time:
         ok = iso_to_epoch(value) is not None
+    elif kind is str and param.text is not None:
+        ok = isinstance(value, str) and _fits(param.text, value)
     if ok and param.choices:
         ok = value in param.choices
     if ok and kind in (int, float):
@@ -174,8 +186,16 @@ ADD = (
           "Pin it: every memory_context block includes it, whatever the task (a standing rule, preference or fact "
           "of this project). Keep hot memories few and short: together they take at most 40 % of the block.",
           default=False),
+    Param("domain", str, "a bucket for this record, one word (fact, conversation, finding, ...); read verbs filter "
+          "by it with --domain", "A bucket for this memory, one word a tool or agent chooses, e.g. \"fact\", "
+          "\"conversation\", \"finding\"; queries can then be limited to it. Optional.", text=DOMAIN),
     FORCE_ADD,
 )
+
+QUERY_DOMAIN = Param("domain", str, "only records of this domain (records without one are left out)",
+                     "Only memories of this domain (set on write, e.g. \"fact\"); memories without a domain are left "
+                     "out. Leave it out to search every memory.", text=DOMAIN,
+                     invalid=(codes.QUERY_INVALID_DOMAIN, "domain must be one word of letters, digits, _ . -"))
 
 QUERY = (
     Param("positional", list, "query text (or --text)", cli="positional", nargs="*", metavar="TEXT"),
@@ -191,6 +211,7 @@ QUERY = (
     Param("phase_exact", bool, "--phase matches that phase only", "Match `phase` exactly instead of as a prefix.",
           default=False),
     TAGS_FILTER,
+    QUERY_DOMAIN,
     Param("alpha", float, "lexical weight in [0, 1] (default from config)",
           "The vector side's weight for fusion alpha, 0..1 (default 0.3).", ge=0, le=1,
           invalid=(codes.QUERY_INVALID_ALPHA, "alpha must be a number in [0, 1]")),
@@ -263,6 +284,9 @@ INGEST = (
           "exists when the memory holds chunks under it).", default=False),
     Param("type", str, "record type (default: learning for files with a frontmatter category, else research)",
           "The type of the records made; default research, or a file's frontmatter category.", text=RECORD_TYPE),
+    Param("domain", str, "the domain of every chunk written (one word; chunks already stored keep theirs)",
+          "The domain of every chunk written, e.g. \"docs\" (chunks whose text is already stored keep theirs).",
+          text=DOMAIN),
 )
 
 INDEX = (
@@ -327,6 +351,7 @@ CONTEXT = (
           default=MCP_MAX_TOKENS, ge=1, le=MAX_TOKENS,
           invalid=(codes.QUERY_INVALID_MAX_TOKENS, "max_tokens must be a positive integer")),
     QUERY_PARAMS["k"],
+    QUERY_DOMAIN,
     Param("recent", int, "newest handoff records to include (default 3)", f"How many of the newest handoff records "
           f"(what earlier sessions left for the next one) to include, 0-{MAX_RECENT}.", default=3, ge=0,
           le=MAX_RECENT, invalid=(codes.CONTEXT_INVALID_RECENT, f"recent must be an integer in 0..{MAX_RECENT}")),

@@ -6,11 +6,14 @@ still a valid v2 record::
 
     {"id", "type", "phase", "title", "body", "tags", "provenance", "created_at",
      "source_file"?, "chunk_index"?, "heading"?, "importance"?, "supersedes"?,
-     "anchors"?, "git"?, "valid_until"?, "hot"?}
+     "anchors"?, "git"?, "valid_until"?, "hot"?, "domain"?}
 
 ``anchors`` cite code (``api/anchors.py`` stamps and checks them); ``git`` is where a record was
 written (branch, commit, worktree); ``valid_until`` retires a record by itself from that time on; ``hot``
-(written only when true) puts a record in every ``memory-context`` block until ``memory-unpin``.
+(written only when true) puts a record in every ``memory-context`` block until ``memory-unpin``;
+``domain`` is a bucket a tool or agent sorts records into (``fact``, ``conversation``, ``finding``, ...:
+one word, a filter on every read verb, never required; not the Postgres store's namespace, which names
+a whole memory).
 
 Every field error has its own stable code (``record-invalid-type``,
 ``record-missing-title``, ...) and names the record by its position in the
@@ -35,10 +38,12 @@ from typing import Any, cast
 from . import codes
 from .errors import InputError
 from .limits import (
+    DOMAIN_PATTERN,
     ID_PATTERN,
     MAX_BATCH,
     MAX_BODY,
     MAX_CHUNK_INDEX,
+    MAX_DOMAIN,
     MAX_ID,
     MAX_PHASE,
     MAX_REASON,
@@ -58,7 +63,7 @@ __all__ = ["EMBED_TEMPLATE", "FIELDS", "ID_PATTERN", "MAX_BODY", "MAX_REASON", "
 SCHEMA_VERSION = 2
 FIELDS = ("id", "type", "phase", "title", "body", "tags", "provenance", "created_at")
 OPTIONAL_FIELDS = ("source_file", "chunk_index", "heading", "importance", "supersedes", "anchors", "git",
-                   "valid_until", "hot")
+                   "valid_until", "hot", "domain")
 MAX_ANCHORS = 32
 ANCHOR_KEYS = ("path", "lines", "sha", "head", "commit")
 GIT_KEYS = ("branch", "commit", "worktree")
@@ -69,6 +74,7 @@ EMBED_TEMPLATE = "{title}:\n{body} (no colon after a title ending in .:!?; and t
 _TITLE_ENDS = (".", ":", "!", "?", ";")
 
 _ID = re.compile(ID_PATTERN + r"\Z")
+_DOMAIN = re.compile(DOMAIN_PATTERN + r"\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 _REASONING = r"(?:think|thinking|scratch_pad|scratchpad)"
@@ -258,7 +264,7 @@ def _optional(raw: dict[str, Any], out: dict[str, Any]) -> None:
 
 
 def _about_the_code(raw: dict[str, Any], out: dict[str, Any]) -> None:
-    """The fields that tie a record to the code and to time: anchors, git, valid_until; and hot."""
+    """The fields that tie a record to the code and to time: anchors, git, valid_until; and hot, domain."""
     if raw.get("anchors") is not None:
         out["anchors"] = _anchors(raw["anchors"])
     if raw.get("git") is not None:
@@ -270,6 +276,16 @@ def _about_the_code(raw: dict[str, Any], out: dict[str, Any]) -> None:
         raise _Fail(codes.RECORD_INVALID_HOT, "hot must be true or false", "hot")
     if hot:  # pinned on write (memory-context); false is the default and is not written
         out["hot"] = True
+    if raw.get("domain") is not None:
+        if not is_domain(raw["domain"]):
+            raise _Fail(codes.RECORD_INVALID_DOMAIN, f"domain is one word of letters, digits, _ . - (at most "
+                        f"{MAX_DOMAIN} characters), e.g. \"fact\"", "domain")
+        out["domain"] = raw["domain"]
+
+
+def is_domain(value: object) -> bool:
+    """Whether ``value`` is a domain: one identifier-like word (``fact``, ``hot``, ``tool.search``)."""
+    return isinstance(value, str) and len(value) <= MAX_DOMAIN and _DOMAIN.match(value) is not None
 
 
 def _anchor(value: Any) -> dict[str, Any]:

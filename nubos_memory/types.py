@@ -30,6 +30,7 @@ class Record(TypedDict):
     git: NotRequired[dict[str, str | None]]  # where it was written: {branch, commit, worktree}
     valid_until: NotRequired[str]  # ISO-8601: retired by itself from then on (expired)
     hot: NotRequired[bool]  # pinned on write: in every memory-context block (memory-unpin undoes it; log.py)
+    domain: NotRequired[str]  # a bucket a tool sorts records into (fact, conversation, finding ...): a filter
 
 
 class Embedding(TypedDict, total=False):
@@ -204,6 +205,8 @@ class Stats(TypedDict, total=False):
     memory_dir: str
     bytes: int
     scope: dict[str, Any]  # the memory folders read, how each was found, branch and commit
+    domains: dict[str, int]  # live records by domain (records.py)
+    without_domain: int  # live records with no domain
     warnings: list[Problem]
 
 

@@ -49,7 +49,7 @@ def test_tools_and_their_schemas_match_the_handlers(project):
     add = schemas["memory_add"]
     assert set(add["required"]) == {"type", "title"}
     assert set(add["properties"]) == {"type", "title", "body", "tags", "phase", "provenance", "id", "supersedes",
-                                      "importance", "anchors", "valid_until", "hot", "force"}
+                                      "importance", "anchors", "valid_until", "hot", "domain", "force"}
     assert add["properties"]["title"]["maxLength"] == MAX_TITLE
     assert add["properties"]["provenance"]["enum"] == list(PROVENANCES)  # plain, not anyOf [X, null]
     assert add["properties"]["tags"]["maxItems"] == MAX_TAGS

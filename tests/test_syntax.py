@@ -47,7 +47,7 @@ def q(root, *args):
 # -- the parser -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("text", [
     "stripe webhook idempotency", "not the cache and or", "C++ templates", "--k 5", "foo:bar baz",
-    "domain:x release", "and/or", "e-mail -5 degrees", "a * b", "x*y", "Tom and Jerry", "'single quotes'",
+    "topic:x release", "and/or", "e-mail -5 degrees", "a * b", "x*y", "Tom and Jerry", "'single quotes'",
 ])
 def test_text_without_syntax_parses_to_none(text):
     assert parse(text) is None
@@ -173,7 +173,7 @@ def test_explain_shows_the_parse(corpus):
 
 # -- no syntax: today's answers, byte for byte -----------------------------------------------------------
 @pytest.mark.parametrize("text", ["stripe webhook idempotency", "not the pnpm cache", "C++ --k foo:bar invoices",
-                                  "domain:db migration lock", "release and or workflow",
+                                  "topic:db migration lock", "release and or workflow",
                                   'when did Jon read "The Lean Startup"?'])
 def test_no_syntax_answers_exactly_as_before(corpus, monkeypatch, text):
     def answer() -> str:

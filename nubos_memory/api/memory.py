@@ -358,6 +358,7 @@ class Memory:
         as_of: str | None = None,
         branch: str | None = None,
         syntax: bool = True,
+        domain: str | None = None,
     ) -> "QueryResult":
         """Hybrid search (``memory-query``); see ``search/fusion.py`` for the scoring.
 
@@ -371,7 +372,8 @@ class Memory:
         A hit whose record was written inside git says whether that commit is ``merged`` (reachable from
         HEAD); ``branch="current"`` keeps only those and the records written outside git (``gitstate.py``).
         ``syntax`` reads query syntax in the text (``search/syntax.py``); off, the text is a bag of words
-        (``memory-context``: an agent's task is never a query language).
+        (``memory-context``: an agent's task is never a query language).  ``domain`` keeps the records of
+        that domain (``records.py``), before top-k like the other filters; echoed only when given.
         """
         from ..search.query import run_query
         from .context import fit_budget
@@ -388,13 +390,14 @@ class Memory:
         alpha = self.config.alpha if alpha is None else alpha
         fusion = fusion or self.config.fusion
         for name, value in (("k", k), ("alpha", alpha), ("fusion", fusion), ("mode", mode),
-                            ("max_tokens", max_tokens), ("since", since), ("as_of", as_of), ("branch", branch)):
+                            ("max_tokens", max_tokens), ("since", since), ("as_of", as_of), ("branch", branch),
+                            ("domain", domain)):
             check(QUERY_PARAMS[name], value)  # as declared (params.py): the one check of every caller
         self._check_filters(type, phase, tags)
         result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
                            fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact,
                            since=since, as_of=as_of, positions=self._on_branch(branch), side_weights=side_weights,
-                           syntax=self._syntax(text) if syntax else None)
+                           syntax=self._syntax(text) if syntax else None, domain=domain)
         mark_merged(result["hits"], self.git)
         result["scope"] = scope(self.project).as_dict()  # the folders read, how found, branch and commit
         if branch is not None:
@@ -425,10 +428,11 @@ class Memory:
 
     @_answer
     def context(self, text: str | None, *, max_tokens: int = CONTEXT_PARAMS["max_tokens"].default, k: int = 8,
-                recent: int = 3, track: bool = True) -> "ContextResult":
+                recent: int = 3, track: bool = True, domain: str | None = None) -> "ContextResult":
         """One block for an agent's turn (``memory-context``; ``turn.py``): the live hot records (at most
-        40 % of ``max_tokens``, newest first), the task's best ``k`` hits, the ``recent`` newest handoff
-        records; no record twice; every record left out named in ``budget.left_out``."""
+        40 % of ``max_tokens``, newest first), the task's best ``k`` hits (of ``domain`` only, when given),
+        the ``recent`` newest handoff records; no record twice; every record left out named in
+        ``budget.left_out``."""
         from .turn import build_context
 
         self.require_enabled()
@@ -436,7 +440,7 @@ class Memory:
             raise UsageError("the task text is required (--text or positional)")
         for name, value in (("max_tokens", max_tokens), ("k", k), ("recent", recent)):
             check(CONTEXT_PARAMS[name], value)
-        return build_context(self, text, max_tokens=max_tokens, k=k, recent=recent, track=track)
+        return build_context(self, text, max_tokens=max_tokens, k=k, recent=recent, track=track, domain=domain)
 
     def _on_branch(self, branch: str | None) -> "np.ndarray | None":
         """``branch="current"``: the positions of the records merged into HEAD or written outside git."""
@@ -457,6 +461,8 @@ class Memory:
                         self._check_filters(None, value, None)
                     elif name == "tag":
                         self._check_filters(None, None, [value])
+                    elif name == "domain":
+                        check(QUERY_PARAMS["domain"], value)
         return parsed
 
     def _check_filters(self, type_: Any, phase: Any, tags: Any) -> None:
@@ -598,9 +604,10 @@ class Memory:
     @_answer
     def ingest(self, paths: list[str], *, include: Sequence[str] = (), exclude: Sequence[str] = (),
                prune_missing: bool = False, record_type: str | None = None,
-               progress: Reporter | None = None) -> "IngestResult":
+               progress: Reporter | None = None, domain: str | None = None) -> "IngestResult":
         """Index markdown files and folders, idempotently (``memory-ingest``; see ``ingest/plan.py``).
-        Relative paths are relative to the project root, whatever the working directory."""
+        Relative paths are relative to the project root, whatever the working directory.  ``domain``:
+        every chunk written carries it (a chunk whose text is already stored keeps its own)."""
         from ..ingest.plan import live_sources, plan, read_documents, under
 
         self.require_enabled()
@@ -608,7 +615,7 @@ class Memory:
             raise UsageError("give at least one markdown file or folder")
         root = self.project.root.resolve()
         docs = read_documents(paths, root, include=include, exclude=exclude, record_type=record_type,
-                              types=self.config.record_types, progress=stage(progress, "reading"))
+                              types=self.config.record_types, progress=stage(progress, "reading"), domain=domain)
         scan = self.scan()
         if docs.missing:
             sources = live_sources(scan) if prune_missing else {}

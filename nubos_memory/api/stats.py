@@ -123,6 +123,17 @@ def side_weight(cfg: "MemoryConfig", manifest: "Manifest | None") -> dict[str, A
             "estimate": estimate}
 
 
+def domain_counts(mem: "Memory") -> tuple[dict[str, int], int]:
+    """Live records (not expired) by domain, most first then by name, and how many have none."""
+    counts: dict[str, int] = {}
+    for pos in mem.snap.alive.nonzero()[0]:
+        domain = mem.snap.domains[pos] if pos < len(mem.snap.domains) else None
+        key = "" if domain is None else domain
+        counts[key] = counts.get(key, 0) + 1
+    without = counts.pop("", 0)
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))), without
+
+
 def collect_stats(mem: "Memory") -> Stats:
     cfg = mem.config
     scan = mem.scan()
@@ -181,6 +192,7 @@ def collect_stats(mem: "Memory") -> Stats:
         },
         "bytes": scan.size,
     }
+    out["domains"], out["without_domain"] = domain_counts(mem)
     from .. import trust, userdirs
 
     trust.key()  # resolves the config folder, so user_folders below says where the key is (or why none is)

@@ -135,20 +135,20 @@ def _section(hits: "list[Hit]", limit: int, why: str, left_out: list[dict[str, A
     return {"hits": kept, "used": report["used"], "limit": max(limit, 0)}
 
 
-def _relevant(mem: "Memory", text: str, k: int, taken: set[str]) -> "QueryResult":
+def _relevant(mem: "Memory", text: str, k: int, taken: set[str], domain: str | None = None) -> "QueryResult":
     """The query's answer with at least ``k`` hits not in ``taken`` where the memory has them: asked
     for ``k``, then for as many more as were taken (a larger k costs more), then for all of them."""
-    result = mem.query(text, k=k, track=False, syntax=False)  # a task's words, never operators; validates it
+    result = mem.query(text, k=k, track=False, syntax=False, domain=domain)  # a task's words, never operators
     for asked in (k + sum(h["id"] in taken for h in result["hits"]), k + len(taken)):
         hits = result["hits"]
         if len(hits) < result["query"]["k"] or sum(h["id"] not in taken for h in hits) >= k:
             break
-        result = mem.query(text, k=min(MAX_K, asked), track=False, syntax=False)
+        result = mem.query(text, k=min(MAX_K, asked), track=False, syntax=False, domain=domain)
     return result
 
 
 def build_context(mem: "Memory", text: str, *, max_tokens: int, k: int, recent: int,
-                  track: bool = True) -> "ContextResult":
+                  track: bool = True, domain: str | None = None) -> "ContextResult":
     """One ``memory-context`` answer (see the module docstring)."""
     now = time.time()
     scan = mem.scan()
@@ -157,7 +157,7 @@ def build_context(mem: "Memory", text: str, *, max_tokens: int, k: int, recent: 
     left_out: list[dict[str, Any]] = []
     hot = _section(hot_all, int(max_tokens * HOT_SHARE), "hot-share", left_out, "hot")
     taken = {h["id"] for h in hot["hits"]}
-    result = _relevant(mem, text, k, taken)
+    result = _relevant(mem, text, k, taken, domain)
     relevant_all = [h for h in result["hits"] if h["id"] not in taken][:k]
     handoffs = mem.handoffs.hits(scan, now, taken, recent)
     reserve = min(int(max_tokens * RECENT_SHARE), _cost(handoffs))

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from .. import codes
 from ..errors import InputError
 from ..limits import MAX_ECHO, MAX_TITLE
-from ..records import validate_batch
+from ..records import is_domain, validate_batch
 from .markdown import FrontmatterError, chunk_markdown
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ def chunk_title(document: str, heading: str) -> str:
     return title if len(title) <= MAX_TITLE else title[: MAX_TITLE - 1] + "…"
 
 
-def file_records(path: Path, rel: str, record_type: str | None) -> list[dict[str, Any]]:
+def file_records(path: Path, rel: str, record_type: str | None, domain: str | None = None) -> list[dict[str, Any]]:
     """The records a markdown file should be represented by (each with its ``legacy_id``, which
     the caller removes before storing)."""
     try:
@@ -163,6 +163,7 @@ def file_records(path: Path, rel: str, record_type: str | None) -> list[dict[str
             "heading": chunk.heading[:1000],
             "importance": doc.importance,
             **({"anchors": [{"path": rel, "lines": list(chunk.lines)}]} if chunk.lines else {}),
+            **({"domain": domain} if domain is not None else {}),
         })
     return out
 
@@ -181,19 +182,23 @@ class Documents:
 
 
 def read_documents(paths: Sequence[str], root: Path, *, include: Sequence[str], exclude: Sequence[str],
-                   record_type: str | None, types: Sequence[str], progress: Progress | None = None) -> Documents:
+                   record_type: str | None, types: Sequence[str], progress: Progress | None = None,
+                   domain: str | None = None) -> Documents:
     """Read and chunk every file the paths name.  A file that cannot be ingested (not UTF-8, too
     large, bad frontmatter, a record it would make is invalid) is reported in ``failed`` and passed
     over; the others are read."""
     if record_type is not None and record_type not in types:
         raise InputError(f"type must be one of {list(types)}", code=codes.RECORD_INVALID_TYPE,
                          details={"type": str(record_type)[:MAX_ECHO], "allowed": list(types)})
+    if domain is not None and not is_domain(domain):
+        raise InputError("domain is one word of letters, digits, _ . -", code=codes.RECORD_INVALID_DOMAIN,
+                         details={"domain": str(domain)[:MAX_ECHO]})
     files, skipped, prefixes, missing = select_files(list(paths), root, list(include), list(exclude))
     docs = Documents(skipped=skipped, prefixes=prefixes, missing=missing)
     for done, path in enumerate(files, start=1):
         rel = _rel(path, root)
         try:
-            records = file_records(path, rel, record_type)
+            records = file_records(path, rel, record_type, domain)
             for r in records:
                 docs.legacy[r["id"]] = r.pop("legacy_id")
             docs.desired[rel] = validate_batch(records, types)

@@ -205,7 +205,7 @@ def _add(ctx: Context, request: Request) -> Any:
     record = {"type": request.get("type"), "title": request.get("title"), "body": body,
               "tags": tags(request.get("tags")), "phase": request.get("phase"),
               "provenance": request.get("provenance")}
-    for key in ("id", "created_at", "supersedes", "importance", "anchors", "valid_until", "hot"):
+    for key in ("id", "created_at", "supersedes", "importance", "anchors", "valid_until", "hot", "domain"):
         if request.get(key) is not None:
             record[key] = request[key]
     return mem.add(record, force=bool(request.get("force")))
@@ -294,7 +294,7 @@ def _ingest(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).ingest(
         list(request.get("paths") or []), include=request.get("include") or [],
         exclude=request.get("exclude") or [], prune_missing=bool(request.get("prune_missing")),
-        record_type=request.get("type"), progress=ctx.progress)
+        record_type=request.get("type"), progress=ctx.progress, domain=request.get("domain"))
 
 
 @verb("memory-export", "write the whole log as a records.jsonl (from any store; the file store reads it as is)",

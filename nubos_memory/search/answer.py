@@ -45,6 +45,8 @@ def empty_answer(cfg: MemoryConfig, scan: LogScan, req: Request) -> QueryResult:
         out["query"]["text_chars"] = len(req.text)  # the text echoed above is its beginning
     if req.phase is not None and req.phase_exact:
         out["query"]["filters"]["phase_exact"] = True
+    if req.domain is not None:
+        out["query"]["filters"]["domain"] = echo(req.domain)  # only when given: other answers are unchanged
     if req.since is not None:
         out["query"]["filters"]["since"] = echo(req.since)
     if req.as_of is not None:

@@ -28,6 +28,7 @@ class Request:
     positions: np.ndarray | None = field(default=None, compare=False)  # only these records (``--branch current``)
     side_weights: bool = False  # z fusion takes the memory's estimated weight, not ``alpha`` (sideweight.py)
     side_weight: dict[str, Any] | None = field(default=None, compare=False)  # the estimate used (``--explain``)
+    domain: str | None = None  # only records of this domain (``records.py``)
 
 
 @dataclass

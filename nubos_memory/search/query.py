@@ -72,7 +72,7 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
               alpha: float, fusion: str, explain: bool, mode: str = "hybrid", collapse: bool = True,
               phase_exact: bool = False, since: str | None = None, as_of: str | None = None,
               positions: np.ndarray | None = None, side_weights: bool = False,
-              syntax: Parsed | None = None) -> "QueryResult":
+              syntax: Parsed | None = None, domain: str | None = None) -> "QueryResult":
     """Answer one query; never fails because of the vector layer (it reports ``degraded``).
 
     ``mode`` "lexical" or "vector" ranks by one signal only (with its neighbour context).  With
@@ -84,9 +84,10 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
     z fusion's weight is the memory's estimate (``sideweight.py``, kept in the manifest) where there
     is one, else ``alpha``; the answer's ``query.alpha`` says which was used.  ``syntax``: the text's
     query syntax (``syntax.parse``; None: a bag of words, as always), applied by ``_with_syntax``.
+    ``domain``: only records of that domain, a filter like ``type`` (echoed only when given).
     """
     req = Request(text, k, type, phase, tags, alpha, fusion, explain, mode, collapse, phase_exact, since, as_of,
-                  positions=positions, side_weights=side_weights)
+                  positions=positions, side_weights=side_weights, domain=domain)
     scan = mem.scan()
     out = empty_answer(mem.config, scan, req)
     live = None if as_of is None else _as_of(mem.snap, scan, as_of, out)
@@ -130,7 +131,8 @@ def _filtered(snap: Snapshot, scan: LogScan, req: Request, terms: list[str], out
             out["warnings"].append({"code": codes.QUERY_NO_TERMS,
                                     "message": "the query has only stop words or punctuation"})
         return None  # an empty store or a term-less query never loads the model
-    allowed = snap.allowed(req.type, req.phase, req.tags, phase_exact=req.phase_exact, alive=live)
+    allowed = snap.allowed(req.type, req.phase, req.tags, phase_exact=req.phase_exact, alive=live,
+                           domain=req.domain)
     positions = np.flatnonzero(snap.alive) if allowed is None else allowed
     if req.since is not None:
         allowed = positions = _created_since(scan, positions, req.since)
@@ -143,7 +145,7 @@ def _filtered(snap: Snapshot, scan: LogScan, req: Request, terms: list[str], out
                                     "filters": out["query"]["filters"]})
         elif scan.live_count:
             out["warnings"].append({"code": codes.FILTERS_MATCH_NOTHING,
-                                    "message": "no live record passes the filters (type, phase, tags); "
+                                    "message": "no live record passes the filters (type, phase, tags, domain); "
                                                "drop or widen them", "filters": out["query"]["filters"]})
         return None
     return allowed, positions
@@ -189,6 +191,8 @@ def _field_mask(snap: Snapshot, scan: LogScan, filters: dict[str, list[str]]) ->
                              count=n)
         elif name == "id":
             ok = np.fromiter((r.get("id") in values for r in scan.records), dtype=bool, count=n)
+        elif name == "domain":
+            ok = np.fromiter((d in values for d in snap.domains[:n]), dtype=bool, count=n)
         else:
             ok = np.zeros(n, dtype=bool)
             for tag in values:

@@ -103,6 +103,7 @@ class Snapshot:
         self.lexical_saved_deaths = 0  # deaths it had applied
         self._lex_deaths = 0  # deaths applied to ``lexical``
         self.types: list[str] = []
+        self.domains: list[str | None] = []
         self.phases: list[str | None] = []
         self.tag_positions: dict[str, list[int]] = {}
         self.alive = np.ones(0, dtype=bool)  # live now: not retired, not expired (``timeline.py``)
@@ -127,6 +128,7 @@ class Snapshot:
         for pos in range(start, len(scan.records)):
             rec = scan.records[pos]
             self.types.append(rec["type"])
+            self.domains.append(rec.get("domain"))
             self.phases.append(rec.get("phase"))
             for tag in rec.get("tags") or ():
                 self.tag_positions.setdefault(tag, []).append(pos)
@@ -205,17 +207,20 @@ class Snapshot:
 
     # -- filters -------------------------------------------------------------------
     def allowed(self, type_: str | None, phase: str | None, tags: list[str], *, phase_exact: bool = False,
-                alive: np.ndarray | None = None) -> np.ndarray | None:
+                alive: np.ndarray | None = None, domain: str | None = None) -> np.ndarray | None:
         """Live positions passing the filters, or None when every record qualifies.  ``phase``
         matches its descendants in the phase hierarchy unless ``phase_exact``
-        (``records.phase_matches``).  ``alive``: which records count as live (default: those live now)."""
+        (``records.phase_matches``).  ``alive``: which records count as live (default: those live now).
+        ``domain``: only records of that domain (one without a domain never passes)."""
         live = self.alive if alive is None else alive
-        if type_ is None and phase is None and not tags:
+        if type_ is None and phase is None and not tags and domain is None:
             return None if alive is None and live.all() else np.flatnonzero(live)
         n = len(self.types)
         mask = live.copy()
         if type_ is not None:
             mask &= np.fromiter((t == type_ for t in self.types), dtype=bool, count=n)
+        if domain is not None:
+            mask &= np.fromiter((d == domain for d in self.domains), dtype=bool, count=n)
         if phase is not None:
             mask &= np.fromiter((phase_matches(p, phase, exact=phase_exact) for p in self.phases), dtype=bool,
                                 count=n)

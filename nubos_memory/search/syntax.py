@@ -14,13 +14,13 @@ clauses separated by spaces:
   words (None): LoCoMo's questions quote titles, and requiring the titles
   there lowered recall@10 (hybrid 0.7076 → 0.7023).  ``NOT`` binds tightest, then ``AND``,
   then ``OR``; each clause's conditions must all hold;
-* ``type:``, ``tag:``, ``phase:``, ``id:`` filter like the flags (values of
-  one field: any of them; fields and flags: all of them).
+* ``type:``, ``tag:``, ``phase:``, ``id:``, ``domain:`` filter like the flags
+  (values of one field: any of them; fields and flags: all of them).
 
 Only these spellings are syntax: upper-case ``AND``/``OR``/``NOT`` as whole
 words, balanced straight double quotes, ``-`` before a letter at a word's
-start, ``*`` right after a word, and the four field names; anything else
-(``and``, ``C++``, ``--k``, ``foo:bar``, ``domain:x``) is text.  Malformed
+start, ``*`` right after a word, and the five field names; anything else
+(``and``, ``C++``, ``--k``, ``foo:bar``) is text.  Malformed
 syntax (an unbalanced quote, an operator with nothing to apply to) is read as
 plain text, with a ``query-syntax`` warning.
 
@@ -43,13 +43,13 @@ import numpy as np
 
 from ..tokenize import tokenize
 
-FIELDS = ("type", "tag", "phase", "id")
+FIELDS = ("type", "tag", "phase", "id", "domain")
 OPERATORS = frozenset(("AND", "OR", "NOT"))
 PREFIX_LIMIT = 64  # the most vocabulary terms one ``word*`` expands to (the most frequent first)
 
 _CHUNK = re.compile(r'"[^"]*"|"|[^\s"]+')
 _PREFIX = re.compile(r"(\w+)\*")
-_FIELD = re.compile(r"(type|tag|phase|id):([^\s\"]+)")
+_FIELD = re.compile(r"(type|tag|phase|id|domain):([^\s\"]+)")
 _EXCLUDE = re.compile(r"-([^\W\d_][^\s\"]*)")
 
 
