@@ -27,19 +27,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from benchsynth import WORDS, p90, project, timed  # noqa: E402
 
 from nubos_memory.api.memory import Memory  # noqa: E402
 from nubos_memory.config import load_project  # noqa: E402
 from nubos_memory.embed.hashing import HashEmbedder  # noqa: E402
-
-WORDS = ["retry", "cache", "build", "deploy", "token", "schema", "index", "query", "lock", "vector", "merge", "branch", "commit", "worker", "queue", "timeout", "policy", "budget", "shard", "replica", "socket", "parser", "config", "migration", "release", "rollback", "metric"]
-
-
-def project(root: Path) -> Memory:
-    (root / ".nubos-pilot").mkdir(parents=True)
-    (root / ".nubos-pilot" / "config.json").write_text(json.dumps(
-        {"memory": {"enabled": True, "provider": "hash", "model": "hash-256"}}))
-    return Memory(load_project(root), embedder=HashEmbedder("hash-256"))
 
 
 def sources(root: Path, files: int, rng: random.Random) -> None:
@@ -62,13 +56,8 @@ def records(n: int, files: int, anchored: bool, rng: random.Random) -> list[dict
     return out
 
 
-def timed(mem: Memory, queries: list[str]) -> list[float]:
-    out = []
-    for q in queries:
-        t0 = time.perf_counter()
-        mem.query(q, k=10, track=False)
-        out.append((time.perf_counter() - t0) * 1000)
-    return out
+def timed_queries(mem: Memory, queries: list[str]) -> list[float]:
+    return timed(lambda q: mem.query(q, k=10, track=False), queries)
 
 
 def main() -> None:
@@ -86,12 +75,12 @@ def main() -> None:
         plain.index([{k: v for k, v in r.items() if k != "anchors"} for r in texts])
         anchored.index(texts)
         queries = [" ".join(rng.choice(WORDS) for _ in range(4)) for _ in range(100)]
-        timed(plain, queries[:10])
-        timed(anchored, queries[:10])  # warm: the cited files are read once here
+        timed_queries(plain, queries[:10])
+        timed_queries(anchored, queries[:10])  # warm: the cited files are read once here
         a_runs, b_runs = [], []
         for _ in range(args.rounds):
-            a_runs += timed(plain, queries)
-            b_runs += timed(anchored, queries)
+            a_runs += timed_queries(plain, queries)
+            b_runs += timed_queries(anchored, queries)
         hit = anchored.query(queries[0], k=10, track=False)["hits"]
         assert all(h.get("freshness") == "verified" for h in hit), "every hit is anchored and verified"
         env = {**os.environ, "PYTHONPATH": str(REPO), "NUBOS_MEMORY_NO_SERVER": "1"}
@@ -109,17 +98,13 @@ def main() -> None:
         print("| measure | without anchors | with anchors | overhead |")
         print("| --- | --- | --- | --- |")
         print(f"| warm hybrid query, median ms | {a:.2f} | {b:.2f} | {100 * (b - a) / a:+.1f} % |")
-        print(f"| warm hybrid query, p90 ms | {_p90(a_runs):.2f} | {_p90(b_runs):.2f} | |")
+        print(f"| warm hybrid query, p90 ms | {p90(a_runs):.2f} | {p90(b_runs):.2f} | |")
         print(f"\n| memory-verify, {args.records} anchored records over {args.files} files | seconds |")
         print("| --- | --- |")
         print(f"| cold CLI process (Python start included) | {cli_s:.2f} |")
         print(f"| fresh library object | {lib_s:.2f} |")
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _p90(xs: list[float]) -> float:
-    return sorted(xs)[int(0.9 * (len(xs) - 1))]
 
 
 if __name__ == "__main__":

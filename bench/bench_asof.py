@@ -13,34 +13,23 @@ Run: .venv/bin/python bench/bench_asof.py [--records 10000] [--rounds 5]
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from benchsynth import WORDS, p90, project, timed  # noqa: E402
 
 from nubos_memory.api.memory import Memory  # noqa: E402
-from nubos_memory.config import load_project  # noqa: E402
-from nubos_memory.embed.hashing import HashEmbedder  # noqa: E402
 
-WORDS = ["retry", "cache", "build", "deploy", "token", "schema", "index", "query", "lock", "vector", "merge",
-         "branch", "commit", "worker", "queue", "timeout", "policy", "budget", "shard", "replica", "socket",
-         "parser", "config", "migration", "release", "rollback", "metric"]
 AS_OF = "2025-07-01T00:00:00Z"
-
-
-def project(root: Path) -> Memory:
-    (root / ".nubos-pilot").mkdir(parents=True)
-    (root / ".nubos-pilot" / "config.json").write_text(json.dumps(
-        {"memory": {"enabled": True, "provider": "hash", "model": "hash-256"}}))
-    return Memory(load_project(root), embedder=HashEmbedder("hash-256"))
 
 
 def day(i: int, n: int) -> str:
@@ -62,17 +51,8 @@ def records(n: int, rng: random.Random) -> list[dict[str, Any]]:
     return out
 
 
-def timed(mem: Memory, queries: list[str], as_of: str | None) -> list[float]:
-    out = []
-    for q in queries:
-        t0 = time.perf_counter()
-        mem.query(q, k=10, track=False, as_of=as_of)
-        out.append((time.perf_counter() - t0) * 1000)
-    return out
-
-
-def _p90(xs: list[float]) -> float:
-    return sorted(xs)[int(0.9 * (len(xs) - 1))]
+def timed_queries(mem: Memory, queries: list[str], as_of: str | None) -> list[float]:
+    return timed(lambda q: mem.query(q, k=10, track=False, as_of=as_of), queries)
 
 
 def main() -> None:
@@ -87,12 +67,12 @@ def main() -> None:
         mem.index(records(args.records, random.Random(11)))
         mem.forget([f"r{i}" for i in range(1, args.records, 10)], reason="bench")
         queries = [" ".join(rng.choice(WORDS) for _ in range(4)) for _ in range(100)]
-        timed(mem, queries[:10], None)
-        timed(mem, queries[:10], AS_OF)  # warm: the timeline's arrays are filled here
+        timed_queries(mem, queries[:10], None)
+        timed_queries(mem, queries[:10], AS_OF)  # warm: the timeline's arrays are filled here
         a_runs, b_runs = [], []
         for _ in range(args.rounds):
-            a_runs += timed(mem, queries, None)
-            b_runs += timed(mem, queries, AS_OF)
+            a_runs += timed_queries(mem, queries, None)
+            b_runs += timed_queries(mem, queries, AS_OF)
         answer = mem.query(queries[0], k=10, track=False, as_of=AS_OF)
         assert answer["hits"] and answer["query"]["as_of"]["retired_since"] > 0
         a, b = statistics.median(a_runs), statistics.median(b_runs)
@@ -102,7 +82,7 @@ def main() -> None:
         print("| measure | normal | --as-of | ratio |")
         print("| --- | --- | --- | --- |")
         print(f"| warm hybrid query, median ms | {a:.2f} | {b:.2f} | {b / a:.2f}x |")
-        print(f"| warm hybrid query, p90 ms | {_p90(a_runs):.2f} | {_p90(b_runs):.2f} | {_p90(b_runs) / _p90(a_runs):.2f}x |")
+        print(f"| warm hybrid query, p90 ms | {p90(a_runs):.2f} | {p90(b_runs):.2f} | {p90(b_runs) / p90(a_runs):.2f}x |")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

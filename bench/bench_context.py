@@ -13,34 +13,19 @@ Run: .venv/bin/python bench/bench_context.py [--records 10000] [--hot 20] [--rou
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
-from nubos_memory.api.memory import Memory  # noqa: E402
-from nubos_memory.config import load_project  # noqa: E402
-from nubos_memory.embed.hashing import HashEmbedder  # noqa: E402
-
-WORDS = ["retry", "cache", "build", "deploy", "token", "schema", "index", "query", "lock", "vector", "merge", "branch",
-         "commit", "worker", "queue", "timeout", "policy", "budget", "shard", "replica", "socket", "parser", "config",
-         "migration", "release", "rollback", "metric"]
-
-
-def project(root: Path) -> Memory:
-    (root / ".nubos-pilot").mkdir(parents=True)
-    (root / ".nubos-pilot" / "config.json").write_text(json.dumps(
-        {"memory": {"enabled": True, "provider": "hash", "model": "hash-256"}}))
-    return Memory(load_project(root), embedder=HashEmbedder("hash-256"))
+from benchsynth import WORDS, p90, project, timed  # noqa: E402
 
 
 def records(n: int, hot_on_write: int, handoffs: int, rng: random.Random) -> list[dict[str, Any]]:
@@ -54,19 +39,6 @@ def records(n: int, hot_on_write: int, handoffs: int, rng: random.Random) -> lis
             rec["hot"] = True
         out.append(rec)
     return out
-
-
-def timed(call: Callable[[str], Any], texts: list[str]) -> list[float]:
-    out = []
-    for text in texts:
-        t0 = time.perf_counter()
-        call(text)
-        out.append((time.perf_counter() - t0) * 1000)
-    return out
-
-
-def _p90(xs: list[float]) -> float:
-    return sorted(xs)[int(0.9 * (len(xs) - 1))]
 
 
 def main() -> None:
@@ -109,7 +81,7 @@ def main() -> None:
         print("| measure | memory-query (k 8, 4000 tokens) | memory-context (k 8, recent 3, 4000 tokens) | ratio |")
         print("| --- | --- | --- | --- |")
         print(f"| warm, median ms | {q:.2f} | {c:.2f} | {c / q:.2f}× |")
-        print(f"| warm, p90 ms | {_p90(q_runs):.2f} | {_p90(c_runs):.2f} | |")
+        print(f"| warm, p90 ms | {p90(q_runs):.2f} | {p90(c_runs):.2f} | |")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
