@@ -48,6 +48,7 @@ from ..log import LogScan, feed, frame, redact_lines, restart
 from ..records import SCHEMA_VERSION, now_iso
 from ..types import Manifest, Record
 from .cache import CACHE_FORMAT, carried_side_weight, covers_digest
+from .lock import try_enter
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -276,19 +277,9 @@ class InMemoryStore:
             self._holder = None
             self._write_lock.release()
 
-    @contextmanager
-    def try_lock(self, verb: str) -> Iterator[bool]:
+    def try_lock(self, verb: str) -> AbstractContextManager[bool]:
         """Hold the write lock if it is free right now (yields whether it was)."""
-        try:
-            cm: AbstractContextManager[None] = self.lock(verb, timeout=0)
-            cm.__enter__()
-        except LockTimeout:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            cm.__exit__(None, None, None)
+        return try_enter(self.lock(verb, timeout=0))
 
     # -- derived state -------------------------------------------------------------------------
     def read_manifest(self) -> Manifest | None:

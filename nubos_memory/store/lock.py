@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -76,24 +76,20 @@ class WriteLock:
         finally:
             self._lock.release()
 
-    def try_hold(self, verb: str) -> "_TryHold":
+    def try_hold(self, verb: str) -> AbstractContextManager[bool]:
         """A context manager that yields True when the lock was free, False otherwise."""
-        return _TryHold(self, verb)
+        return try_enter(self.hold(verb, timeout=0))
 
 
-class _TryHold:
-    def __init__(self, lock: WriteLock, verb: str):
-        self._cm = lock.hold(verb, timeout=0)
-        self._entered = False
-
-    def __enter__(self) -> bool:
+@contextmanager
+def try_enter(hold: AbstractContextManager[None], refused: tuple[type[Exception], ...] = (LockTimeout,)
+              ) -> Iterator[bool]:
+    """Every store's ``try_lock``: enter ``hold`` (a lock taken without waiting) and yield True, or
+    yield False when it raises one of ``refused``; a lock entered is released however the block ends."""
+    with ExitStack() as stack:
         try:
-            self._cm.__enter__()
-        except LockTimeout:
-            return False
-        self._entered = True
-        return True
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._entered:
-            self._cm.__exit__(*exc)
+            stack.enter_context(hold)
+        except refused:
+            yield False
+            return
+        yield True

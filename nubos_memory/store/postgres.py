@@ -65,6 +65,7 @@ from ..log import LogScan, feed, frame, redact_lines, restart
 from ..userdirs import user_cache_dir
 from .cache import DerivedCache, LocalDerivedState
 from .lexcache import LexicalCache
+from .lock import try_enter
 
 if TYPE_CHECKING:
     import numpy as np
@@ -673,18 +674,8 @@ class PgStore(LocalDerivedState):
                              "process?); nothing was written, try again", code=codes.STORE_LOCK_LOST,
                              details={"namespace": self.namespace, **self.place})
 
-    @contextmanager
-    def try_lock(self, verb: str) -> Iterator[bool]:
-        try:
-            cm: AbstractContextManager[None] = self.lock(verb, timeout=0)
-            cm.__enter__()
-        except (LockTimeout, StoreError):
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            cm.__exit__(None, None, None)
+    def try_lock(self, verb: str) -> AbstractContextManager[bool]:
+        return try_enter(self.lock(verb, timeout=0), (LockTimeout, StoreError))
 
     # -- derived state: vectors and candidates in the database ----------------------------------
     def shared_vectors(self, fingerprint: str, keys: list[str]) -> "dict[str, np.ndarray]":
