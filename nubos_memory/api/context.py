@@ -75,6 +75,18 @@ def fit_budget(hits: list[Hit], max_tokens: int) -> tuple[list[Hit], dict[str, A
     return kept, {"max_tokens": max_tokens, "used": used, "skipped": skipped}
 
 
+def answer_notes(result: Any, degraded_means: str) -> list[str]:
+    """What a markdown block says first about the answer itself: a degraded (keyword-only) answer,
+    with ``degraded_means`` saying what that left, and each warning."""
+    notes = []
+    degraded = result.get("degraded")
+    if degraded:
+        notes.append(f"> degraded ({degraded['code']}): {degraded_means}. {degraded['message']}")
+    for warning in result.get("warnings") or []:
+        notes.append(f"> warning ({warning.get('code')}): {warning.get('message')}")
+    return notes
+
+
 def render_markdown(result: QueryResult | dict[str, Any]) -> str:
     """A whole ``memory-query`` answer as one markdown context block (a ``memory-context`` answer: its own
     block, ``turn.render_context``)."""
@@ -85,12 +97,7 @@ def render_markdown(result: QueryResult | dict[str, Any]) -> str:
     query = result.get("query", {}).get("text", "")
     hits = result.get("hits", [])
     lines = [f"## Prior memory for: {query}", ""]
-    notes = []
-    degraded = result.get("degraded")
-    if degraded:
-        notes.append(f"> degraded ({degraded['code']}): keyword matches only. {degraded['message']}")
-    for warning in result.get("warnings") or []:
-        notes.append(f"> warning ({warning.get('code')}): {warning.get('message')}")
+    notes = answer_notes(result, "keyword matches only")
     budget = result.get("budget") or {}
     skipped = budget.get("skipped") or []
     if skipped:

@@ -30,7 +30,7 @@ from ..log import LogScan, pin_op
 from ..records import iso_to_epoch, valid_id
 from ..search.timeline import expiry
 from .anchors import weigh_freshness
-from .context import fit_budget, render_hit
+from .context import answer_notes, fit_budget, render_hit
 from .gitstate import mark_merged
 from .writepath import settled_scan
 
@@ -192,12 +192,7 @@ def render_context(result: "ContextResult | dict[str, Any]") -> str:
     """A ``memory-context`` answer as one markdown block: each section's hits (``render_hit``), and
     what the JSON answer says about the answer itself (degraded, warnings, records left out)."""
     lines = [f"## Memory for this turn: {result['query']['text']}", ""]
-    notes = []
-    degraded = result.get("degraded")
-    if degraded:
-        notes.append(f"> degraded ({degraded['code']}): relevant hits by keyword matches only. {degraded['message']}")
-    for warning in result.get("warnings") or []:
-        notes.append(f"> warning ({warning.get('code')}): {warning.get('message')}")
+    notes = answer_notes(result, "relevant hits by keyword matches only")
     budget = result["budget"]
     left = budget.get("left_out") or []
     if left:
