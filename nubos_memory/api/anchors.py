@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from .. import codes
 from ..errors import InputError
 from ..gitcmd import run_git
+from .gitstate import GitState
 
 if TYPE_CHECKING:
     from ..log import LogScan
@@ -91,11 +92,11 @@ class _File:
 class AnchorCheck:
     """Stamps anchors on write and checks them on read, for one project (see the module docstring)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, git: GitState | None = None):
         self.root = root
+        self.git = git if git is not None else GitState(root)  # HEAD, asked of git at most once a second
         self._files: dict[str, _File | None] = {}
         self._renames: dict[tuple[str, str], str | None] = {}
-        self._head: tuple[float, str | None] | None = None
 
     # -- files --------------------------------------------------------------------------------
     def read(self, rel: str) -> _File | None:
@@ -134,14 +135,8 @@ class AnchorCheck:
         return found
 
     def commit(self) -> str | None:
-        """The current HEAD (asked of git at most once a second)."""
-        import time
-
-        now = time.monotonic()
-        if self._head is None or now - self._head[0] > 1.0:
-            out = run_git(self.root, "rev-parse", "--verify", "-q", "HEAD")
-            self._head = (now, out.strip() if out else None)
-        return self._head[1]
+        """The current HEAD (``gitstate.GitState``: the one look at git a memory keeps)."""
+        return self.git.head()
 
     # -- write ----------------------------------------------------------------------------------
     def stamp(self, anchors: list[dict[str, Any]]) -> list[dict[str, Any]]:

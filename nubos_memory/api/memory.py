@@ -123,7 +123,7 @@ class Memory:
         self.writes = WritePath(self.snap, self.store, self.vectors, self.config, self.git)
         self._branch = BranchFilter(self.git)
         self.notices: list[dict[str, Any]] = []
-        self.anchors = AnchorCheck(project.root)  # cited files are read once per identity (size, mtime)
+        self.anchors = AnchorCheck(project.root, self.git)  # cited files read once per identity (size, mtime)
         self.handoffs = Handoffs()  # the handoff records, newest first, for memory-context (turn.py)
         self._settle_tried: tuple[Any, int] | None = None
 

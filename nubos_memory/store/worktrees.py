@@ -119,10 +119,6 @@ class _Git:
 _GIT: dict[Path, "_Git | float"] = {}  # root -> what git said, or when it said "not a repository"
 
 
-def _git(cwd: Path, *args: str) -> str | None:
-    return run_git(cwd, *args)
-
-
 def _stat_key(path: Path) -> tuple[int, int, int, int] | None:
     try:
         st = os.stat(path)
@@ -173,7 +169,7 @@ def _git_info(root: Path) -> _Git | None:
     if cached is not None and _watched(cached) == cached.watched:
         return cached
     if cached is None:
-        out = _git(root, "rev-parse", "--show-toplevel", "--absolute-git-dir", "--git-common-dir")
+        out = run_git(root, "rev-parse", "--show-toplevel", "--absolute-git-dir", "--git-common-dir")
         lines = out.splitlines() if out else []
         if len(lines) < 3:
             _GIT[root] = time.monotonic()
@@ -181,7 +177,7 @@ def _git_info(root: Path) -> _Git | None:
         top = Path(lines[0]).resolve()
         cached = _Git(top, Path(lines[1]), (root / lines[2]).resolve())  # a relative one is from -C root
     watched = _watched(cached)
-    listing = _git(root, "worktree", "list", "--porcelain")
+    listing = run_git(root, "worktree", "list", "--porcelain")
     cached.trees = [replace(t, path=t.path.resolve()) if t.path.exists() else t for t in _porcelain(listing or "")]
     cached.watched = watched
     _GIT[root] = cached
