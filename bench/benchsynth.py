@@ -31,7 +31,7 @@ def project(root: Path) -> Memory:
     (root / ".nubos-pilot").mkdir(parents=True)
     (root / ".nubos-pilot" / "config.json").write_text(json.dumps(
         {"memory": {"enabled": True, "provider": "hash", "model": "hash-256"}}))
-    return Memory(load_project(root), embedder=HashEmbedder("hash-256"))
+    return Memory(load_project(root), embedder=HashEmbedder("hash-256"), user=False)  # never the user memory
 
 
 def timed(call: Callable[[str], Any], texts: list[str]) -> list[float]:

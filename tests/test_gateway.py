@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from nubos_memory.config import MemoryConfig, gateway_base_url
-from nubos_memory.embed.breaker import Breaker
 from nubos_memory.embed.gateway import GatewayEmbedder
+from nubos_memory.remote import Breaker
 
 from .conftest import run_cli, run_sub, write_config
 

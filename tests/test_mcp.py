@@ -49,7 +49,7 @@ def test_tools_and_their_schemas_match_the_handlers(project):
     add = schemas["memory_add"]
     assert set(add["required"]) == {"type", "title"}
     assert set(add["properties"]) == {"type", "title", "body", "tags", "phase", "provenance", "id", "supersedes",
-                                      "importance", "anchors", "valid_until", "hot", "domain", "force"}
+                                      "importance", "anchors", "valid_until", "hot", "domain", "force", "scope"}
     assert add["properties"]["title"]["maxLength"] == MAX_TITLE
     assert add["properties"]["provenance"]["enum"] == list(PROVENANCES)  # plain, not anyOf [X, null]
     assert add["properties"]["tags"]["maxItems"] == MAX_TAGS
@@ -59,6 +59,8 @@ def test_tools_and_their_schemas_match_the_handlers(project):
     assert query["properties"]["format"]["enum"] == ["json", "markdown"]
     assert query["properties"]["mode"]["enum"] == list(MODES) and query["properties"]["fusion"]["enum"] == list(FUSIONS)
     assert query["properties"]["max_tokens"]["default"] == MCP_MAX_TOKENS
+    assert query["properties"]["scope"]["enum"] == ["project", "user", "all"]  # the user-level memory too
+    assert add["properties"]["scope"]["enum"] == ["project", "user"]
     assert schemas["memory_forget"]["required"] == ["ids"] and schemas["memory_ingest"]["required"] == ["paths"]
     assert schemas["memory_get"]["required"] == ["ids"]
     assert schemas["memory_stats"]["properties"] == {} and schemas["memory_rebuild"]["properties"] == {}

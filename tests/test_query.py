@@ -44,7 +44,7 @@ def test_hits_are_at_most_k_best_first_with_full_record(corpus):
     assert 1 <= len(hits) <= 3
     assert hits[0]["id"] == "w1"
     assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
-    assert set(hits[0]) == {"id", "score", "retrieval", "record", "freshness"}  # unanchored: no "anchors"
+    assert set(hits[0]) == {"id", "score", "retrieval", "record", "freshness", "memory"}  # unanchored: no "anchors"
     assert hits[0]["freshness"] == "unanchored"
     assert hits[0]["record"] == {**CORPUS[0], "id": "w1", "provenance": None,
                                  "created_at": hits[0]["record"]["created_at"]}

@@ -135,7 +135,7 @@ def test_weak_vectors_raise_the_weight():
     assert result["lexical_mrr"] > 0.8 and result["vector_mrr"] < 0.2
     assert result["weight"] == 0.9 and result["floored"] is None and result["n"] == 100
     assert run(topical(30), random_embed)["weight"] >= 0.7
-    assert result["rule"] == "pseudo-queries v1" and result["records"] == 40
+    assert result["rule"] == "pseudo-queries v2" and result["records"] == 40
     assert set(result["curve"]) == {f"{w:.1f}" for w in sideweight.GRID}
 
 
@@ -162,19 +162,40 @@ def test_few_pseudo_queries_are_the_floor_without_embedding():
 
 def test_choose_rule_on_synthetic_curves():
     peak_low = {w: 0.5 - abs(w - 0.2) for w in sideweight.GRID}
-    assert sideweight.choose(peak_low, 0.3, 0.6, 0.3) == (0.2, None)
+    sure = dict.fromkeys(sideweight.GRID, 3.0)
+    assert sideweight.choose(peak_low, sure, 0.3, 0.6, 0.3) == (0.2, None)
     flat = dict.fromkeys(sideweight.GRID, 0.4)  # ties: nearest the floor
-    assert sideweight.choose(flat, 0.4, 0.4, 0.3) == (0.3, None)
+    assert sideweight.choose(flat, sure, 0.4, 0.4, 0.3) == (0.3, None)
     two = {**dict.fromkeys(sideweight.GRID, 0.1), 0.2: 0.5, 0.4: 0.5}  # equally near: the smaller
-    assert sideweight.choose(two, 0.3, 0.3, 0.3) == (0.2, None)
-    assert sideweight.choose(peak_low, 0.05, 0.1, 0.3) == (0.3, sideweight.NO_SIGNAL_WHY)
+    assert sideweight.choose(two, sure, 0.3, 0.3, 0.3) == (0.2, None)
+    assert sideweight.choose(peak_low, sure, 0.05, 0.1, 0.3) == (0.3, sideweight.NO_SIGNAL_WHY)
+    # A peak whose gain over the floor is not sure is noise: the floor; the best of the sure ones else.
+    unsure = {**dict.fromkeys(sideweight.GRID, 0.0), 0.1: 3.0, 0.2: 0.5}
+    assert sideweight.choose(peak_low, unsure, 0.3, 0.6, 0.3) == (0.1, None)
+    assert sideweight.choose(peak_low, dict.fromkeys(sideweight.GRID, 0.9), 0.3, 0.6, 0.3) == (0.3, None)
+
+
+def test_gains_are_paired_standard_errors_over_the_floor():
+    base = np.array([1.0, 0.5, 0.25, 0.5])
+    rr = {0.3: base, 0.5: base + np.array([0.1, 0.1, 0.1, 0.1]), 0.7: base + np.array([0.4, -0.3, 0.2, -0.2]),
+          0.9: base}
+    gains = sideweight.sure_gains(rr, 0.3)
+    assert gains[0.3] == 0.0 and gains[0.9] == 0.0
+    assert gains[0.5] == sideweight.CERTAIN  # the same gain on every query: no spread, certain
+    diff = np.array([0.4, -0.3, 0.2, -0.2])
+    assert gains[0.7] == pytest.approx(diff.mean() / (diff.std(ddof=1) / 2))
+
+
+def test_an_estimate_of_an_older_rule_is_due_again():
+    assert sideweight.due({"records": 40, "rule": "pseudo-queries v1"}, 40)
+    assert not sideweight.due({"records": 40, "rule": sideweight.RULE}, 40)
 
 
 def test_refresh_after_growth():
     assert sideweight.due(None, 5)
-    assert not sideweight.due({"records": 40}, 49)
-    assert sideweight.due({"records": 40}, 50)
-    assert not sideweight.due({"records": 0}, 0)
+    assert not sideweight.due({"records": 40, "rule": sideweight.RULE}, 49)
+    assert sideweight.due({"records": 40, "rule": sideweight.RULE}, 50)
+    assert not sideweight.due({"records": 0, "rule": sideweight.RULE}, 0)
 
 
 def test_weight_of_ignores_floors_and_nonsense():
@@ -292,7 +313,11 @@ def test_score_tokens_equals_the_index_score():
     assert lexical.score_tokens(terms, docs[4]) == lexical.scores(terms)[4] > 0
 
 
-def test_side_weights_are_off_by_default_until_they_hold_everywhere():
+def test_side_weights_are_on_by_default(project):
+    """Estimated per memory unless turned off (issue 24: with the sure-gain rule SciFact keeps 0.3)."""
     from nubos_memory.config import MemoryConfig
 
-    assert MemoryConfig().side_weights == "off"  # SciFact lost 0.006 with them on (adr/0002, issue 24)
+    assert MemoryConfig().side_weights == "auto"
+    index_records(project, [_body(r) for r in topical(40)])
+    side = run_cli(["memory-stats", "--root", str(project)]).json["side_weight"]
+    assert side["setting"] == "auto" and side["estimate"]["rule"] == sideweight.RULE

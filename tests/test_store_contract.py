@@ -32,7 +32,7 @@ from nubos_memory.embed.hashing import HashEmbedder
 from nubos_memory.errors import LockTimeout, StoreError
 from nubos_memory.fsio import dumps
 from nubos_memory.index.lexical import PostingsBM25
-from nubos_memory.index.vectors import HnswParams
+from nubos_memory.index.vectors import PIECE_LAMBDA, PIECE_RULE, HnswParams, Pieces
 from nubos_memory.log import forget_op, frame
 from nubos_memory.records import lexical_text, read_record
 from nubos_memory.store.base import Store
@@ -472,6 +472,46 @@ class TestStoreContract:
         assert index.ids == ["v1", "v2", "v3"] and index.hashes == ["h1", "h2", "h3"]
         assert np.array_equal(np.asarray(index.vectors), rows)
         assert index.top(rows[2], 1)[0].tolist() == [2]
+
+    def test_a_generation_keeps_the_pieces_of_several_piece_records(self, h: Harness):
+        store = h.store
+        dim = 8
+        embedding = {"provider": "hash", "model": f"hash-{dim}", "dim": dim, "fingerprint": "pieces-" + h.kind}
+        rng = np.random.default_rng(11)
+        unit = rng.normal(size=(9, dim)).astype(np.float32)
+        unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+        rows, parts = unit[:3], unit[3:]
+        with store.lock("memory-rebuild"):  # v1 in two pieces, v2 in one (none kept)
+            first = store.commit(ids=["v1", "v2"], hashes=["h1", "h2"], vectors=rows[:2], embedding=embedding,
+                                 params=HnswParams(), alpha=0.5, previous=None, rebuilt=True,
+                                 pieces=Pieces.of_labels({0: parts[:2]}, dim))
+        manifest, index = store.load_current()
+        assert manifest is not None and index is not None and index.pieces is not None
+        assert manifest["pieces"] == {"rule": PIECE_RULE, "lambda": PIECE_LAMBDA, "rows": 2}
+        assert index.pieces.owner.tolist() == [0, 0] and np.array_equal(index.pieces.rows_of(0), parts[:2])
+        assert len(index.pieces.rows_of(1)) == 0
+        with store.lock("memory-add"):  # v3 appended in four pieces: the base's pieces are kept before them
+            store.commit(ids=["v1", "v2", "v3"], hashes=["h1", "h2", "h3"], vectors=rows[2:], embedding=embedding,
+                         params=HnswParams(), alpha=0.5, previous=manifest, base=index,
+                         pieces=Pieces.of_labels({2: parts[2:]}, dim))
+        manifest, index = store.load_current()
+        assert manifest is not None and index is not None and index.pieces is not None
+        assert manifest["pieces"]["rows"] == 6 and manifest["appended_to"] == first["generation"]
+        assert index.pieces.owner.tolist() == [0, 0, 2, 2, 2, 2]
+        assert np.array_equal(np.asarray(index.pieces.vectors), parts)
+        q = parts[4]  # v3's third piece: v3's cosine mixes its best piece (this one) with its pooled vector
+        best = index.best_pieces(q)
+        assert best is not None and np.isnan(best[1]) and best[2] == pytest.approx(1.0, abs=1e-6)
+        got = index.cosines(np.array([0, 1, 2]), q, best)
+        assert got[1] == pytest.approx(float(rows[1] @ q), abs=1e-6)
+        assert got[2] == pytest.approx(PIECE_LAMBDA + (1 - PIECE_LAMBDA) * float(rows[2] @ q), abs=1e-6)
+        assert got[0] == pytest.approx(PIECE_LAMBDA * float(max(parts[:2] @ q))
+                                       + (1 - PIECE_LAMBDA) * float(rows[0] @ q), abs=1e-6)
+        with store.lock("memory-rebuild"):  # a generation without the rule: none kept, none in the manifest
+            store.commit(ids=["v1"], hashes=["h1"], vectors=rows[:1], embedding=embedding, params=HnswParams(),
+                         alpha=0.5, previous=manifest, rebuilt=True)
+        manifest, index = store.load_current()
+        assert manifest is not None and "pieces" not in manifest and index is not None and index.pieces is None
 
     def test_the_lexical_cache_is_returned_only_while_valid(self, h: Harness):
         store = h.store

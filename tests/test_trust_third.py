@@ -297,7 +297,7 @@ def test_bad_rows_an_older_version_stored_are_found_and_repaired(project):
     with mem.store.lock("test"):
         mem.store.commit(ids=list(current.ids), hashes=list(current.hashes), vectors=rows,
                          embedding=dict(manifest["embedding"]), params=mem.vectors.params, alpha=0.3,
-                         previous=manifest, base=None)
+                         previous=manifest, base=None, pieces=current.pieces)
     s = run_cli(["memory-stats", "--root", str(project)]).json
     assert "vectors-invalid" in {p["code"] for p in s["consistency"]["problems"]}
     assert run_cli(["memory-rebuild", "--root", str(project)]).json["embedded"] == 1  # the bad row, again

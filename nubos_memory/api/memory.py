@@ -30,7 +30,7 @@ from ..errors import DisabledError, InputError, NubosMemoryError, StoreError, Us
 from ..fsio import DIR_MODE, atomic_write_bytes, dumps, read_regular
 from ..limits import MAX_ECHO, MAX_GET, MAX_PHASE, MAX_QUERY_CHARS, MAX_REASON
 from ..log import LogScan, anchor_op, hot_record, read
-from ..params import CONTEXT_PARAMS, QUERY_PARAMS, check
+from ..params import CONTEXT_PARAMS, QUERY_PARAMS, WRITE_SCOPE, check
 from ..progress import Reporter, stage
 from ..records import (
     SCHEMA_VERSION,
@@ -44,8 +44,10 @@ from ..records import (
 )
 from ..search.snapshot import Snapshot
 from ..store import open_store, parse_duration, scope
+from . import usermemory
 from .anchors import AnchorCheck, stamp_anchors, verify_anchors, weigh_freshness
 from .gitstate import BranchFilter, GitState, mark_merged
+from .hype import kept_ops, kick
 from .turn import Handoffs
 from .vectorsync import VectorSync
 from .writepath import WritePath, history, settled_scan
@@ -112,8 +114,12 @@ def _check_retirement(ids: list[str], reason: Any, verb: str) -> None:
 class Memory:
     """One project's memory.  ``Memory.open()`` finds the project like the CLI does."""
 
-    def __init__(self, project: Project, embedder: Embedder | None = None, store: "Store | None" = None):
+    def __init__(self, project: Project, embedder: Embedder | None = None, store: "Store | None" = None, *,
+                 user: bool = True):
         self.project = project
+        self.name = "project"  # which memory this is in answers (hits' ``memory``): project, or user
+        self.user_enabled = user  # reads may cover the user-level memory too (``usermemory.py``); off: never
+        self._user: Memory | None = None
         self.config = project.config
         self.store: Store = store if store is not None else open_store(project)
         self.snap = Snapshot(self.store)
@@ -128,8 +134,21 @@ class Memory:
         self._settle_tried: tuple[Any, int] | None = None
 
     @classmethod
-    def open(cls, root: str | os.PathLike[str] | None = None, *, embedder: Embedder | None = None) -> "Memory":
-        return cls(load_project(root), embedder)
+    def open(cls, root: str | os.PathLike[str] | None = None, *, embedder: Embedder | None = None,
+             user: bool = True) -> "Memory":
+        return cls(load_project(root), embedder, user=user)
+
+    def for_scope(self, scope: str | None, *, create: bool = False) -> "Memory":
+        """The memory a verb given ``scope`` works on: this one (None, ``project``), or the user-level memory
+        (``user``; ``usermemory.py``), made when ``create`` (a write) and it does not exist yet."""
+        check(WRITE_SCOPE, scope)
+        if scope != "user" or self.name == "user":
+            return self
+        if self._user is None:
+            from .usermemory import open_user
+
+            self._user = open_user(self, create=create)
+        return self._user
 
     # -- plumbing ------------------------------------------------------------------
     @property
@@ -180,8 +199,11 @@ class Memory:
               progress: "Progress | None" = None) -> "WriteResult":
         """The one write path (``writepath.py``): add validated records and retire ids as one change."""
         self.require_enabled()
-        return self.writes.apply(records, forget=forget, reason=reason, reasons=reasons, force=force, verb=verb,
-                                 progress=progress)
+        result = self.writes.apply(records, forget=forget, reason=reason, reasons=reasons, force=force, verb=verb,
+                                   progress=progress)
+        if result["added"] and self.config.generator.enabled:  # HyPE: the new records' questions follow
+            kick(self)
+        return result
 
     def sync_vectors(self, allowed: "np.ndarray | None", *, budget_s: float | None = None) -> "VectorState":
         """For a query: the vector layer, with what it lacks among ``allowed`` embedded (within a budget)."""
@@ -359,6 +381,7 @@ class Memory:
         branch: str | None = None,
         syntax: bool = True,
         domain: str | None = None,
+        scope: str | None = None,
     ) -> "QueryResult":
         """Hybrid search (``memory-query``); see ``search/fusion.py`` for the scoring.
 
@@ -374,10 +397,19 @@ class Memory:
         ``syntax`` reads query syntax in the text (``search/syntax.py``); off, the text is a bag of words
         (``memory-context``: an agent's task is never a query language).  ``domain`` keeps the records of
         that domain (``records.py``), before top-k like the other filters; echoed only when given.
+        ``scope``: ``project``, ``user`` (the user-level memory) or ``all`` (both in one ranking over one
+        statistic; ``usermemory.py``); None: all once a user memory exists.  Each hit's ``memory`` says which.
         """
         from ..search.query import run_query
         from .context import fit_budget
 
+        if scope == "user" and self.user_enabled:  # the user-level memory alone, whether or not this one is on
+            result = self.for_scope("user").query(
+                text, k=k, type=type, phase=phase, phase_exact=phase_exact, tags=tags, alpha=alpha, fusion=fusion,
+                explain=explain, mode=mode, max_tokens=max_tokens, track=track, collapse=collapse, since=since,
+                as_of=as_of, syntax=syntax, domain=domain)
+            result["scope"] = usermemory.scope_answer(self, ["user"], result.get("scope"))
+            return result
         self.require_enabled()
         if text is None:
             raise UsageError("query text is required (--text or positional)")
@@ -391,15 +423,27 @@ class Memory:
         fusion = fusion or self.config.fusion
         for name, value in (("k", k), ("alpha", alpha), ("fusion", fusion), ("mode", mode),
                             ("max_tokens", max_tokens), ("since", since), ("as_of", as_of), ("branch", branch),
-                            ("domain", domain)):
+                            ("domain", domain), ("scope", scope)):
             check(QUERY_PARAMS[name], value)  # as declared (params.py): the one check of every caller
         self._check_filters(type, phase, tags)
+        parsed = self._syntax(text) if syntax else None
+        reads = usermemory.reads(self, scope)
+        if reads != ["project"]:  # both memories in one ranking (``usermemory.py``)
+            options = {"k": k, "type": type, "phase": phase, "tags": tags or [], "alpha": float(alpha),
+                       "fusion": fusion, "explain": explain, "mode": mode, "collapse": collapse,
+                       "phase_exact": phase_exact, "since": since, "as_of": as_of, "side_weights": side_weights,
+                       "domain": domain}
+            return usermemory.fused(self, text, parsed, options, branch=branch, max_tokens=max_tokens, track=track)
         result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
                            fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact,
                            since=since, as_of=as_of, positions=self._on_branch(branch), side_weights=side_weights,
-                           syntax=self._syntax(text) if syntax else None, domain=domain)
+                           syntax=parsed, domain=domain)
         mark_merged(result["hits"], self.git)
-        result["scope"] = scope(self.project).as_dict()  # the folders read, how found, branch and commit
+        for hit in result["hits"]:
+            hit["memory"] = self.name
+        result["scope"] = usermemory.folders_read(self)  # the folders read, how found, branch and commit
+        if self.user_enabled:
+            result["scope"]["memories"] = ["project"]  # which memories were read (the user memory: not)
         if branch is not None:
             result["query"]["filters"]["branch"] = branch
         weigh_freshness(result["hits"], self.anchors, self.config.stale_factor, explain=explain)
@@ -428,19 +472,27 @@ class Memory:
 
     @_answer
     def context(self, text: str | None, *, max_tokens: int = CONTEXT_PARAMS["max_tokens"].default, k: int = 8,
-                recent: int = 3, track: bool = True, domain: str | None = None) -> "ContextResult":
+                recent: int = 3, track: bool = True, domain: str | None = None, scope: str | None = None
+                ) -> "ContextResult":
         """One block for an agent's turn (``memory-context``; ``turn.py``): the live hot records (at most
         40 % of ``max_tokens``, newest first), the task's best ``k`` hits (of ``domain`` only, when given),
         the ``recent`` newest handoff records; no record twice; every record left out named in
-        ``budget.left_out``."""
+        ``budget.left_out``.  ``scope`` as for ``query``: with the user-level memory, its hot records are
+        hot here too, and the relevant hits are both memories' in one ranking (handoffs stay the project's)."""
         from .turn import build_context
 
         self.require_enabled()
         if text is None:
             raise UsageError("the task text is required (--text or positional)")
-        for name, value in (("max_tokens", max_tokens), ("k", k), ("recent", recent)):
+        for name, value in (("max_tokens", max_tokens), ("k", k), ("recent", recent), ("scope", scope)):
             check(CONTEXT_PARAMS[name], value)
-        return build_context(self, text, max_tokens=max_tokens, k=k, recent=recent, track=track, domain=domain)
+        return build_context(self, text, max_tokens=max_tokens, k=k, recent=recent, track=track, domain=domain,
+                             scope=scope)
+
+    def branch_positions(self, branch: str | None) -> "np.ndarray | None":
+        """``branch="current"``: the positions of the records merged into HEAD or written outside git (None:
+        no such filter)."""
+        return self._on_branch(branch)
 
     def _on_branch(self, branch: str | None) -> "np.ndarray | None":
         """``branch="current"``: the positions of the records merged into HEAD or written outside git."""
@@ -508,6 +560,8 @@ class Memory:
             scan, recovered = settled_scan(self.snap, self.store)
             live = [hot_record(scan, p) for p in range(len(scan.records)) if p not in scan.dead]  # pins kept
             rewritten = self.store.rewrite(live)
+            if kept_ops(scan):  # HyPE's questions are the log's state too: never asked of the model again
+                self.store.append([], kept_ops(scan))
             self.store.usage.fold(force=True)
         result = self.rebuild(progress)
         return {
@@ -722,6 +776,32 @@ class Memory:
         return dict(store.drop_namespace(name))  # one transaction: a writer of it meanwhile starts it afresh
 
     @_answer
+    def hype(self, *, limit: int | None = None) -> dict[str, Any]:
+        """Generate the HyPE questions of records that have none yet and append them to the log
+        (``memory-hype``; ``hype.py``): what a write starts in the background when the generator is on."""
+        from .hype import fill
+
+        return fill(self, limit=limit)
+
+    @_answer
+    def summarise(self, *, type: str | None = None, min_size: int = 10, similarity: float | None = None,
+                  max_groups: int = 20, dry_run: bool = False) -> dict[str, Any]:
+        """Merge each group of near duplicates (or a ``type`` of at least ``min_size`` records) into one record
+        that supersedes its members (``memory-summarise``; ``summarise.py``); ``dry_run``: before and after only."""
+        from .summarise import summarise
+
+        return summarise(self, type_=type, min_size=min_size, similarity=similarity, max_groups=max_groups,
+                         dry_run=dry_run)
+
+    @_answer
+    def harvest(self, path: str) -> dict[str, Any]:
+        """Write a transcript's episodic summary and durable facts (``memory-harvest``; ``harvest.py``);
+        idempotent by the transcript's text."""
+        from .harvest import harvest
+
+        return harvest(self, path)
+
+    @_answer
     def doctor(self, *, root_flag: str | None = None) -> dict[str, Any]:
         """One report (``memory-doctor``; ``doctor.py``): where this memory is and how its root was found
         (``root_flag``: the ``--root`` given, if any), git, the index, the runtime, anchors by freshness,
@@ -736,8 +816,11 @@ class Memory:
         from .stats import collect_stats
 
         self.require_enabled()
+        user = usermemory.describe(self) if self.name == "project" else None  # first: user_folders names its folder
         out = collect_stats(self)
         out["scope"] = scope(self.project).as_dict()
+        if user is not None:
+            out["user_memory"] = user
         return out
 
 

@@ -9,14 +9,14 @@ outside the lock (adr/0014).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..errors import StoreError
 from ..faults import crash_point
-from ..index.vectors import usable
+from ..index.vectors import Pieces, Questions, question_key, usable
 from ..progress import Reporter, stage
 from ..records import embed_text
 from ..search.sideweight import estimate
@@ -43,6 +43,8 @@ class Rows:
     reused: int = 0
     invalid: int = 0
     positions: list[int] | None = None  # each row's position in the log
+    pieces: dict[int, np.ndarray] = field(default_factory=dict)  # by row: a several-piece record's pieces
+    questions: dict[int, tuple[str, np.ndarray]] = field(default_factory=dict)  # by row: HyPE's (key, vectors)
 
 
 class Rebuild:
@@ -52,15 +54,16 @@ class Rebuild:
         self.snap, self.store, self.vectors, self.config = snap, store, vectors, config
 
     def reusable(self, ours: "Embedding", reembed: bool) -> "tuple[dict[str, int], VectorIndex | None]":
-        """Rows of the current generation whose vectors can be kept, by text hash (none with ``reembed``,
+        """Rows of the current generation whose vectors can be kept, by text hash (none with ``reembed``, one
+        from before pieces (``index/vectors.py``),
         another model, or a broken generation: whatever is broken is replaced, on explicit request)."""
         try:
             manifest, current = self.store.load_current()
         except StoreError:
             return {}, None
-        if (reembed or manifest is None or current is None
+        if (reembed or manifest is None or current is None or current.pieces is None
                 or (manifest.get("embedding") or {}).get("fingerprint") != ours["fingerprint"]):
-            return {}, current
+            return {}, current  # (a generation from before pieces: its long records' pieces are missing)
         good = usable(current.vectors)  # a bad row (NaN, zero) an older version stored is embedded again
         return {h: i for i, h in enumerate(current.hashes) if good[i]}, current
 
@@ -75,7 +78,7 @@ class Rebuild:
         for r, h in zip(records, hashes):
             if h not in reuse and h not in todo:
                 todo[h] = embed_text(r)
-        fresh = self.vectors.embed(list(todo.values()), stage(progress, "embedding"), shared=not reembed)
+        fresh, parts = self.vectors.embed_parts(list(todo.values()), stage(progress, "embedding"), shared=not reembed)
         fresh_of = {h: i for i, h in enumerate(todo)}
         vectors = np.zeros((len(records), self.vectors.embedder.dim), dtype=np.float32)
         rows_fresh = [(row, fresh_of[h]) for row, h in enumerate(hashes) if h in fresh_of]
@@ -86,7 +89,39 @@ class Rebuild:
         if rows_reused and current is not None:
             dst, src = zip(*rows_reused)
             vectors[list(dst)] = current.vectors[list(src)]
-        return Rows(records, hashes, vectors, reused=len(rows_reused), positions=live), len(todo)
+        pieces = {row: parts[i] for row, i in rows_fresh if i in parts}
+        if current is not None and current.pieces is not None and len(current.pieces):
+            pieces.update((row, current.pieces.rows_of(label)) for row, label in rows_reused)
+        pieces = {row: p for row, p in pieces.items() if len(p) > 1}
+        rows = Rows(records, hashes, vectors, reused=len(rows_reused), positions=live, pieces=pieces)
+        rows.questions = self.questions(scan, live, current if reuse else None)
+        return rows, len(todo)
+
+    def questions(self, scan: "LogScan", live: list[int], current: "VectorIndex | None"
+                  ) -> dict[int, tuple[str, np.ndarray]]:
+        """HyPE: each row's question vectors, from the log's questions (reused from ``current`` when made
+        from the same questions, else embedded: never a generator call)."""
+        wanted = {row: list(scan.questions[p]["questions"]) for row, p in enumerate(live)
+                  if p in scan.questions and scan.questions[p]["questions"]}
+        out: dict[int, tuple[str, np.ndarray]] = {}
+        fresh: dict[int, list[str]] = {}
+        for row, items in wanted.items():
+            key = question_key(items)
+            label = current.label_of.get(scan.records[live[row]]["id"]) if current is not None else None
+            if current is not None and current.questions is not None and label is not None \
+                    and current.questions.keys.get(label) == key:
+                out[row] = (key, current.questions.rows.rows_of(label))
+            else:
+                fresh[row] = items
+        if fresh:
+            vecs = self.vectors.embed([t for items in fresh.values() for t in items])
+            at = 0
+            for row, items in fresh.items():
+                block = vecs[at: at + len(items)]
+                at += len(items)
+                if usable(block).all():
+                    out[row] = (question_key(items), block)
+        return out
 
     @staticmethod
     def keep_usable(rows: Rows) -> Rows:
@@ -98,8 +133,10 @@ class Rebuild:
             return rows
         keep = np.flatnonzero(good)
         positions = None if rows.positions is None else [rows.positions[i] for i in keep]
+        pieces = {new: rows.pieces[old] for new, old in enumerate(keep.tolist()) if old in rows.pieces}
+        asked = {new: rows.questions[old] for new, old in enumerate(keep.tolist()) if old in rows.questions}
         return Rows([rows.records[i] for i in keep], [rows.hashes[i] for i in keep], rows.vectors[keep],
-                    reused=rows.reused, invalid=invalid, positions=positions)
+                    reused=rows.reused, invalid=invalid, positions=positions, pieces=pieces, questions=asked)
 
     def side_weight(self, rows: Rows) -> "dict[str, Any] | None":
         """z fusion's per-memory weight estimated on the rebuilt rows (``search/sideweight.py``);
@@ -119,7 +156,10 @@ class Rebuild:
             manifest = self.store.commit(
                 ids=[r["id"] for r in rows.records], hashes=rows.hashes, vectors=rows.vectors, embedding=dict(ours),
                 params=self.vectors.params, alpha=self.config.alpha, previous=previous, base=None, rebuilt=True,
-                side_weight=side_weight,
+                side_weight=side_weight, pieces=Pieces.of_labels(rows.pieces, self.vectors.embedder.dim),
+                questions=Questions(Pieces.of_labels({row: v for row, (_, v) in rows.questions.items()},
+                                                     self.vectors.embedder.dim),
+                                    {row: key for row, (key, _) in rows.questions.items()}),
             )
             self.snap.reset_lexical()  # rebuild the lexical index from scratch too
             self.snap.refresh()

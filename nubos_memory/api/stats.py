@@ -123,6 +123,20 @@ def side_weight(cfg: "MemoryConfig", manifest: "Manifest | None") -> dict[str, A
             "estimate": estimate}
 
 
+def pieces_status(manifest: "Manifest | None") -> dict[str, Any] | None:
+    """Best-piece scoring of records longer than the model's window (``index/vectors.py``): the
+    manifest's rule and how many piece vectors it keeps, and HyPE's question vectors; None before any
+    vector generation."""
+    if manifest is None:
+        return None
+    rule, hype = manifest.get("pieces"), manifest.get("questions")
+    asked = {"questions": dict(hype) if isinstance(hype, dict) else None}  # HyPE's question vectors
+    if isinstance(rule, dict):
+        return {**rule, **asked}
+    return {"rule": None, "rows": 0, "why": "a vector generation from before best-piece scoring: long records "
+                                            "score by their pooled vector until memory-rebuild", **asked}
+
+
 def domain_counts(mem: "Memory") -> tuple[dict[str, int], int]:
     """Live records (not expired) by domain, most first then by name, and how many have none."""
     counts: dict[str, int] = {}
@@ -167,6 +181,7 @@ def collect_stats(mem: "Memory") -> Stats:
         "threshold": cfg.threshold,
         "fusion": cfg.fusion,
         "side_weight": side_weight(cfg, manifest),
+        "pieces": pieces_status(manifest),
         "created_at": (manifest or {}).get("created_at"),
         "rebuilt_at": (manifest or {}).get("rebuilt_at"),
         "updated_at": (manifest or {}).get("updated_at"),
@@ -193,6 +208,9 @@ def collect_stats(mem: "Memory") -> Stats:
         "bytes": scan.size,
     }
     out["domains"], out["without_domain"] = domain_counts(mem)
+    from .hype import describe as generator_status
+
+    out["generator"] = generator_status(mem)  # off, or its settings and breaker; HyPE's counts from the log
     from .. import trust, userdirs
 
     trust.key()  # resolves the config folder, so user_folders below says where the key is (or why none is)

@@ -135,43 +135,68 @@ def _section(hits: "list[Hit]", limit: int, why: str, left_out: list[dict[str, A
     return {"hits": kept, "used": report["used"], "limit": max(limit, 0)}
 
 
-def _relevant(mem: "Memory", text: str, k: int, taken: set[str], domain: str | None = None) -> "QueryResult":
+def _relevant(mem: "Memory", text: str, k: int, taken: set[str], domain: str | None = None,
+              scope: str | None = None) -> "QueryResult":
     """The query's answer with at least ``k`` hits not in ``taken`` where the memory has them: asked
     for ``k``, then for as many more as were taken (a larger k costs more), then for all of them."""
-    result = mem.query(text, k=k, track=False, syntax=False, domain=domain)  # a task's words, never operators
+    result = mem.query(text, k=k, track=False, syntax=False, domain=domain, scope=scope)  # words, never operators
     for asked in (k + sum(h["id"] in taken for h in result["hits"]), k + len(taken)):
         hits = result["hits"]
         if len(hits) < result["query"]["k"] or sum(h["id"] not in taken for h in hits) >= k:
             break
-        result = mem.query(text, k=min(MAX_K, asked), track=False, syntax=False, domain=domain)
+        result = mem.query(text, k=min(MAX_K, asked), track=False, syntax=False, domain=domain, scope=scope)
     return result
 
 
+def _hot(mem: "Memory", scope: str | None, now: float) -> "list[Hit]":
+    """The hot records of the memories ``scope`` reads: the project's, then the user memory's, each newest first."""
+    from . import usermemory
+
+    out: list[Hit] = []
+    for name in usermemory.reads(mem, scope):
+        owner = mem.for_scope(name)
+        hits = hot_hits(owner.scan(), now)
+        weigh_freshness(hits, owner.anchors, mem.config.stale_factor)
+        for hit in hits:
+            hit["memory"] = name
+        out += hits
+    return out
+
+
 def build_context(mem: "Memory", text: str, *, max_tokens: int, k: int, recent: int,
-                  track: bool = True, domain: str | None = None) -> "ContextResult":
+                  track: bool = True, domain: str | None = None, scope: str | None = None) -> "ContextResult":
     """One ``memory-context`` answer (see the module docstring)."""
+    from . import usermemory
+
     now = time.time()
-    scan = mem.scan()
-    hot_all = hot_hits(scan, now)
-    weigh_freshness(hot_all, mem.anchors, mem.config.stale_factor)
+    reads = usermemory.reads(mem, scope)
+    owner = mem.for_scope(reads[0])  # whose handoffs are recent: the project's (the user memory's alone)
+    scan = owner.scan()
+    hot_all = _hot(mem, scope, now)
     left_out: list[dict[str, Any]] = []
     hot = _section(hot_all, int(max_tokens * HOT_SHARE), "hot-share", left_out, "hot")
     taken = {h["id"] for h in hot["hits"]}
-    result = _relevant(mem, text, k, taken, domain)
+    result = _relevant(mem, text, k, taken, domain, scope)
     relevant_all = [h for h in result["hits"] if h["id"] not in taken][:k]
-    handoffs = mem.handoffs.hits(scan, now, taken, recent)
+    handoffs = owner.handoffs.hits(scan, now, taken, recent)
     reserve = min(int(max_tokens * RECENT_SHARE), _cost(handoffs))
     relevant = _section(relevant_all, max_tokens - hot["used"] - reserve, "budget", left_out, "relevant")
     taken |= {h["id"] for h in relevant["hits"]}
-    recent_all = mem.handoffs.hits(scan, now, taken, recent)
-    weigh_freshness(recent_all, mem.anchors, mem.config.stale_factor)
+    recent_all = owner.handoffs.hits(scan, now, taken, recent)
+    weigh_freshness(recent_all, owner.anchors, mem.config.stale_factor)
+    for hit in recent_all:
+        hit["memory"] = owner.name
     latest = _section(recent_all, max_tokens - hot["used"] - relevant["used"], "budget", left_out, "recent")
     taken |= {h["id"] for h in latest["hits"]}
     mark_merged(hot["hits"] + latest["hits"], mem.git)
     warnings = result["warnings"]
-    if track and taken and not mem.store.usage.record(sorted(taken)):
-        warnings.append({"code": codes.USAGE_NOT_RECORDED,
-                         "message": "could not record this block's records as retrieved; retrievals are not counted"})
+    shown = hot["hits"] + relevant["hits"] + latest["hits"]
+    for name in reads:  # each memory counts its own records' retrievals
+        ids = sorted({h["id"] for h in shown if h.get("memory", mem.name) == name})
+        if track and ids and not mem.for_scope(name).store.usage.record(ids):
+            warnings.append({"code": codes.USAGE_NOT_RECORDED,
+                             "message": "could not record this block's records as retrieved; retrievals are not "
+                                        "counted"})
     out: ContextResult = {
         "query": {"text": text, "k": k, "recent": recent, "max_tokens": max_tokens},
         "sections": {"hot": hot, "relevant": relevant, "recent": latest},

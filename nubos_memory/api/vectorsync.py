@@ -21,7 +21,7 @@ import numpy as np
 from .. import codes
 from ..embed.base import fingerprint_of
 from ..errors import EmbeddingError, RebuildRequired, StoreError
-from ..index.vectors import HnswParams, usable
+from ..index.vectors import HnswParams, Pieces, Questions, question_key, usable
 from ..progress import Progress
 from ..records import embed_text
 from ..search.sideweight import due, estimate
@@ -76,17 +76,25 @@ class VectorSync:
         return cast("Embedding", spec)
 
     def embed(self, texts: list[str], progress: Progress | None = None, *, shared: bool = True) -> np.ndarray:
+        """:meth:`embed_parts` without the pieces."""
+        return self.embed_parts(texts, progress, shared=shared)[0]
+
+    def embed_parts(self, texts: list[str], progress: Progress | None = None, *, shared: bool = True
+                    ) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         """Embed in chunks (for progress), longest texts first: the model pads each batch to its
         longest text, so chunks of similar lengths waste less than chunks in arrival order.
 
         A store that shares vectors between machines (the team database) is asked first for the
         vectors of these exact texts under this model's fingerprint, and is given the ones made
         here (unless not ``shared``: a re-embed on request); ``self.shared`` counts the vectors taken
-        from it by the last call."""
+        from it by the last call.  Also returns the piece vectors of the texts embedded here in
+        several pieces, by text (a shared vector comes without its pieces: that record scores by its
+        pooled vector, ``index/vectors.py``)."""
         out = np.zeros((len(texts), self.embedder.dim), dtype=np.float32)
+        pieces: dict[int, np.ndarray] = {}
         self.shared = 0
         if not texts:
-            return out
+            return out, pieces
         fingerprint = self.our_embedding()["fingerprint"]
         keys = [hashlib.sha256(t.encode("utf-8", "surrogatepass")).hexdigest()[:32] for t in texts]
         known = self.store.shared_vectors(fingerprint, keys) if shared else {}
@@ -101,25 +109,19 @@ class VectorSync:
         order = sorted(todo, key=lambda i: -len(texts[i]))
         for start in range(0, len(order), EMBED_BATCH):
             chunk = order[start: start + EMBED_BATCH]
-            out[chunk] = self.embedder.embed([texts[i] for i in chunk])
+            out[chunk], parts = self.embedder.embed_parts([texts[i] for i in chunk])
+            pieces.update((chunk[j], rows) for j, rows in parts.items())
             if progress:
                 progress(self.shared + min(start + EMBED_BATCH, len(order)), len(texts))
         good = usable(out)
         if todo:
             self.store.share_vectors(fingerprint, {keys[i]: out[i] for i in todo if good[i]})
-        return out
-
-    def embed_usable(self, texts: list[str], progress: Progress | None = None, *, shared: bool = True
-                     ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`embed`, and which rows are usable (``index.vectors.usable``): a row that is not is never
-        stored or indexed; its record stays pending, ranked by its keywords, with an ``embedding-invalid``
-        warning."""
-        out = self.embed(texts, progress, shared=shared)
-        return out, usable(out)
+        return out, {i: rows for i, rows in pieces.items() if good[i] and usable(rows).all()}
 
     def sync(self, positions: np.ndarray | None = None, *, must: Iterable[int] = (), cap: int, blocking: bool,
              verb: str, precomputed: dict[int, np.ndarray] | None = None, budget_s: float | None = None,
-             progress: Progress | None = None) -> VectorState:
+             progress: Progress | None = None, precomputed_pieces: dict[int, np.ndarray] | None = None
+             ) -> VectorState:
         """Load the vector layer and embed+index the live records (``positions``; None = all) it lacks.
 
         ``must`` positions are always embedded (the records a write just
@@ -134,7 +136,10 @@ class VectorSync:
         self.invalid = 0
         try:
             self._load_and_fill(state, positions, must=must, cap=cap, blocking=blocking, verb=verb,
-                                precomputed=precomputed, budget_s=budget_s, progress=progress)
+                                precomputed=precomputed, budget_s=budget_s, progress=progress,
+                                precomputed_pieces=precomputed_pieces or {})
+            if blocking and not self.snap.unsigned:  # a write (never a query): HyPE's questions get vectors
+                self._sync_questions(state, verb)
         except (StoreError, EmbeddingError, RebuildRequired) as exc:
             state.degraded = exc.to_dict()
         except OSError as exc:  # disk full, permissions: the records are safe, the index is behind
@@ -145,7 +150,8 @@ class VectorSync:
 
     def _load_and_fill(self, state: VectorState, positions: np.ndarray | None, *, must: Iterable[int], cap: int,
                        blocking: bool, verb: str, precomputed: dict[int, np.ndarray] | None,
-                       budget_s: float | None, progress: Progress | None) -> None:
+                       budget_s: float | None, progress: Progress | None,
+                       precomputed_pieces: dict[int, np.ndarray]) -> None:
         """:meth:`sync`'s work, into ``state``: load the vector layer, choose the missing records to
         embed (``todo``), fill them in (:meth:`_fill`), count what is left behind."""
         snap = self.snap
@@ -165,14 +171,15 @@ class VectorSync:
             [p for p in missing if p not in wanted and p not in shared][:cap]
         if todo:
             self._fill(state, todo, wanted, {**shared, **(precomputed or {})}, budget_s, progress,
-                       blocking=blocking, verb=verb)
+                       blocking=blocking, verb=verb, pieces=dict(precomputed_pieces))
         if len(cand):
             still = cand[(state.labels[cand] < 0) & snap.alive[cand]].tolist()
             state.behind = sum(1 for p in still if p not in state.extra)
         state.invalid = self.invalid
 
     def _fill(self, state: VectorState, todo: list[int], wanted: set[int], known: dict[int, np.ndarray],
-              budget_s: float | None, progress: Progress | None, *, blocking: bool, verb: str) -> None:
+              budget_s: float | None, progress: Progress | None, *, blocking: bool, verb: str,
+              pieces: dict[int, np.ndarray]) -> None:
         """Give the ``todo`` positions vectors: ``known`` ones (shared, precomputed), the index's of the
         same text, else embedded fresh; keep them in ``state`` and write them (when signed)."""
         snap = self.snap
@@ -183,17 +190,23 @@ class VectorSync:
                     row = np.asarray(state.index.vectors[label])
                     if usable(row[None, :])[0]:  # a bad row an older version stored is embedded again
                         known[p] = row
+                        if state.index.pieces is not None and len(state.index.pieces):
+                            pieces[p] = state.index.pieces.rows_of(label)
         fresh = [p for p in todo if p not in known]
         if fresh:
-            fresh = self._embed_fresh(fresh, wanted, known, budget_s, progress)
+            fresh = self._embed_fresh(fresh, wanted, known, pieces, budget_s, progress)
             if state.manifest is not None:
                 err = self.mismatch(state.manifest, self.embedder.dim)
                 if err:
                     raise err
         state.embedded = len(fresh)
         state.extra = {p: known[p] for p in todo if p in known}
+        state.extra_pieces = {p: rows for p, rows in pieces.items() if p in state.extra and len(rows) > 1}
         if not snap.unsigned:  # without a signing key nothing derived is written: vectors stay in memory
-            self._persist(state, [p for p in todo if p in known], blocking=blocking, verb=verb)
+            # A write re-estimates the side weight when it is due, before the lock: the estimate
+            # embeds up to 200 texts, and no other writer should wait for that.
+            side = self.side_weight(state.manifest, state.index, state.labels, state.extra) if blocking else None
+            self._persist(state, [p for p in todo if p in known], blocking=blocking, verb=verb, side=side)
 
     def _shared_for(self, positions: list[int]) -> dict[int, np.ndarray]:
         """The usable vectors the store holds for these records' texts under our fingerprint."""
@@ -208,14 +221,17 @@ class VectorSync:
         return out
 
     def _embed_fresh(self, fresh: list[int], wanted: set[int], known: dict[int, np.ndarray],
-                     budget_s: float | None, progress: Progress | None = None) -> list[int]:
-        """Embed ``fresh`` positions into ``known``; with a budget, stop when it is spent (those a
+                     pieces: dict[int, np.ndarray], budget_s: float | None, progress: Progress | None = None
+                     ) -> list[int]:
+        """Embed ``fresh`` positions into ``known`` (their pieces into ``pieces``); with a budget, stop when it is spent (those a
         write must index are always embedded).  Returns the positions embedded."""
         records = self.snap.records
 
         def embed_into(positions: list[int], report: Progress | None = None) -> None:
-            vectors, good = self.embed_usable([embed_text(records[p]) for p in positions], report)
+            vectors, parts = self.embed_parts([embed_text(records[p]) for p in positions], report)
+            good = usable(vectors)  # a row that is not is never stored: its record stays pending, by keywords
             known.update((p, v) for p, v, ok in zip(positions, vectors, good.tolist()) if ok)
+            pieces.update((positions[i], rows) for i, rows in parts.items())
             self.invalid += int((~good).sum())
 
         if budget_s is None:
@@ -261,14 +277,61 @@ class VectorSync:
         except EmbeddingError:
             return None
 
-    def _persist(self, state: VectorState, todo: list[int], *, blocking: bool, verb: str) -> None:
+    def _sync_questions(self, state: VectorState, verb: str) -> None:
+        """Embed the HyPE questions (``api/hype.py``) of the indexed live records whose questions the
+        generation does not hold yet, and commit them with the same rows (``Questions``)."""
+        scan = self.snap.scan
+        if scan is None or not scan.questions or state.index is None:
+            return
+        have = state.index.questions.keys if state.index.questions is not None else {}
+        labels = state.labels
+        todo: dict[str, list[str]] = {}
+        for pos, q in scan.questions.items():
+            if pos in scan.dead or not q["questions"] or pos >= len(labels) or labels[pos] < 0:
+                continue
+            if have.get(int(labels[pos])) != question_key(q["questions"]):
+                todo[scan.records[pos]["id"]] = list(q["questions"])
+        if not todo:
+            return
+        texts = [t for items in todo.values() for t in items]
+        vecs = self.embed(texts)
+        good = usable(vecs)
+        rows: dict[str, np.ndarray] = {}
+        at = 0
+        for rid, items in todo.items():
+            block, ok = vecs[at: at + len(items)], good[at: at + len(items)]
+            at += len(items)
+            if ok.any():
+                rows[rid] = block[ok]
+        with self.store.lock(verb):
+            manifest, current, _ = self.snap.vectors()  # as it is now, under the lock
+            if manifest is None or current is None or self.mismatch(manifest, self.embedder.dim) is not None:
+                return
+            dim = current.dim
+            kept = current.questions
+            by_label = kept.rows.by_label() if kept is not None else {}
+            keys = dict(kept.keys) if kept is not None else {}
+            for rid, block in rows.items():
+                label = current.label_of.get(rid)
+                if label is not None:
+                    by_label[label], keys[label] = block, question_key(todo[rid])
+            keeps = isinstance(manifest.get("pieces"), dict)
+            self.store.commit(ids=list(current.ids), hashes=list(current.hashes),
+                              vectors=np.zeros((0, dim), dtype=np.float32), embedding=dict(self.our_embedding()),
+                              params=self.params, alpha=self.config.alpha, previous=manifest, base=current,
+                              pieces=Pieces.empty(dim) if keeps else None,
+                              questions=Questions(Pieces.of_labels(by_label, dim), keys))
+            state.manifest, state.index, state.labels = self.snap.vectors()
+
+    def _persist(self, state: VectorState, todo: list[int], *, blocking: bool, verb: str,
+                 side: dict[str, Any] | None) -> None:
         """Commit newly embedded vectors as a new generation (under the lock)."""
         snap = self.snap
         hold = self.store.lock(verb) if blocking else self.store.try_lock(verb)
         with hold as got:
             if got is False:
                 return  # another writer is busy; this query uses its vectors in memory only
-            manifest, current, labels = snap.vectors()  # the generation as it is now, under the lock
+            manifest, current, _ = snap.vectors()  # the generation as it is now, under the lock
             if manifest is not None:
                 err = self.mismatch(manifest, self.embedder.dim)
                 if err:
@@ -278,31 +341,47 @@ class VectorSync:
             hashes = list(current.hashes) if current else []
             label_of = current.label_of if current else {}
             replaced: dict[int, np.ndarray] = {}
-            new_ids, new_hashes, new_vecs = [], [], []
+            new_ids: list[str] = []
+            new_hashes: list[str] = []
+            new_vecs: list[np.ndarray] = []
+            pieces: dict[int, np.ndarray] = {}  # by label: the several-piece records' pieces
             for pos in todo:
                 rid, h = records[pos]["id"], snap.hashes[pos]
                 label = label_of.get(rid)
                 if label is None:
+                    label = len(ids) + len(new_ids)
                     new_ids.append(rid)
                     new_hashes.append(h)
                     new_vecs.append(state.extra[pos])
                 elif hashes[label] != h:  # the record's text changed (a hand edit): replace its vector
                     hashes[label] = h
                     replaced[label] = state.extra[pos]
+                else:
+                    continue
+                if pos in state.extra_pieces:
+                    pieces[label] = state.extra_pieces[pos]
             if new_ids or replaced:
-                appended = np.stack(new_vecs) if new_vecs else np.zeros((0, self.embedder.dim), dtype=np.float32)
+                dim = self.embedder.dim
+                appended = np.stack(new_vecs) if new_vecs else np.zeros((0, dim), dtype=np.float32)
+                keeps = manifest is None or isinstance(manifest.get("pieces"), dict)  # else one from before them
                 if replaced and current is not None:  # rare: every row is written and the graph built afresh
                     rows = np.array(current.vectors, dtype=np.float32)
                     rows[list(replaced)] = np.stack(list(replaced.values()))
                     vectors, base = np.concatenate([rows, appended]), None
+                    if keeps and current.pieces is not None:  # every label's pieces, the replaced ones' new
+                        stale = np.zeros(len(current), dtype=bool)
+                        stale[list(replaced)] = True
+                        pieces = {**current.pieces.by_label(~stale), **pieces}
                 else:  # the common case: the current generation's rows are kept, the new ones appended
                     vectors, base = appended, current
-                side = self.side_weight(manifest, current, labels, state.extra) if blocking else None
                 self.store.commit(
                     ids=ids + new_ids, hashes=hashes + new_hashes, vectors=vectors,
                     embedding=dict(self.our_embedding()), params=self.params, alpha=self.config.alpha,
                     previous=manifest, base=base, side_weight=side,
+                    pieces=Pieces.of_labels(pieces, dim) if keeps else None,
+                    questions=current.questions if current is not None else None,  # labels never move
                 )
                 state.indexed = len(new_ids)
             state.manifest, state.index, state.labels = snap.vectors()
             state.extra = {p: v for p, v in state.extra.items() if state.labels[p] < 0}
+            state.extra_pieces = {p: v for p, v in state.extra_pieces.items() if p in state.extra}

@@ -19,6 +19,7 @@ import numpy as np
 from .. import codes
 from ..errors import EmbeddingError, InputError, RebuildRequired, StoreError
 from ..faults import crash_point
+from ..index.vectors import usable
 from ..log import LogScan, forget_op, hot_record
 from ..records import embed_text, recency
 from ..search.dedup import find_exact, fingerprint, nearest, within_batch
@@ -52,9 +53,9 @@ def save_lexical(snap: "Snapshot", force: bool = False) -> None:
 
 
 def history(scan: LogScan) -> list[dict[str, Any]]:
-    """A log's history as the lines that replay it, in its order: every record version, and every
+    """A log's history as the lines that replay it, in its order: every record version, every
     retirement that is not a supersede (a superseding record's own line replays that) as a forget line
-    with its original time and reason."""
+    with its original time and reason, and HyPE's questions."""
     events: list[tuple[int, dict[str, Any]]] = [(scan.line_of[pos], dict(hot_record(scan, pos)))  # pins kept
                                                 for pos in range(len(scan.records))]
     for pos, why in scan.dead.items():
@@ -62,6 +63,9 @@ def history(scan: LogScan) -> list[dict[str, Any]]:
             continue
         events.append((int(why["line"]), {"op": "forget", "id": scan.records[pos]["id"], "at": why.get("at"),
                                           "reason": why.get("reason") or "forgotten"}))
+    for pos, asked in scan.questions.items():  # HyPE's questions travel with their record (never re-asked)
+        events.append((int(asked["line"]), {"op": "questions", "id": scan.records[pos]["id"],
+                                            **{k: asked[k] for k in ("questions", "model", "at")}}))
     events.sort(key=lambda e: e[0])
     return [e for _, e in events]
 
@@ -95,7 +99,7 @@ class WritePath:
         reasserted: dict[int, dict[str, str]] = {}
         dupes = self._exact_duplicates(records, scan, reasserted) if records and not force else {}
         todo = [i for i, r in enumerate(records) if i not in dupes and scan.live(r["id"]) is None]
-        vectors, near, degraded = self._embed_ahead(records, todo, scan, progress)
+        (vectors, pieces), near, degraded = self._embed_ahead(records, todo, scan, progress)
 
         with self.store.lock(verb):
             scan, recovered = settled_scan(snap, self.store)
@@ -136,7 +140,8 @@ class WritePath:
         positions = list(range(before, before + len(new)))
         precomputed = {p: vectors[i] for p, i in zip(positions, new_index) if i in vectors}
         state = self.vectors.sync(None, must=positions, cap=self.config.max_pending_embed, blocking=True,
-                                  verb=verb, precomputed=precomputed, progress=progress)
+                                  verb=verb, precomputed=precomputed, progress=progress,
+                                  precomputed_pieces={p: pieces[i] for p, i in zip(positions, new_index) if i in pieces})
         self._upkeep()
         stored = set(new_index)
         return {
@@ -251,12 +256,14 @@ class WritePath:
         return dupes
 
     def _embed_ahead(self, records: "list[Record]", todo: list[int], scan: LogScan, progress: "Progress | None"
-                     ) -> tuple[dict[int, np.ndarray], dict[int, dict[str, Any]], dict[str, Any] | None]:
+                     ) -> tuple[tuple[dict[int, np.ndarray], dict[int, np.ndarray]], dict[int, dict[str, Any]],
+                                dict[str, Any] | None]:
         """Embed the new records before taking the lock (for their index, and to name near duplicates):
-        ``(vectors by batch index, near duplicates by batch index, degraded)``."""
+        ``((vectors, pieces of the several-piece ones) by batch index, near duplicates by batch index,
+        degraded)``."""
         threshold = self.config.near_duplicate
         if not todo or threshold is None:
-            return {}, {}, None
+            return ({}, {}), {}, None
         snap = self.snap
         near: dict[int, dict[str, Any]] = {}
         try:
@@ -264,7 +271,8 @@ class WritePath:
             mismatch = self.vectors.mismatch(manifest, None) if manifest is not None else None
             if mismatch:
                 raise mismatch
-            embedded, good = self.vectors.embed_usable([embed_text(records[i]) for i in todo], progress)
+            embedded, parts = self.vectors.embed_parts([embed_text(records[i]) for i in todo], progress)
+            good = usable(embedded)
             live_labels = labels[(labels >= 0) & snap.alive]
             near_labels, near_sims = nearest(embedded, index, live_labels)
             for i, label, sim in zip(todo, near_labels.tolist(), near_sims.tolist()):
@@ -277,8 +285,9 @@ class WritePath:
                 if todo[a] not in near or near[todo[a]]["similarity"] < sim:
                     near[todo[a]] = {"near_duplicate_of": records[todo[b]]["id"], "similarity": round(sim, 4)}
         except (StoreError, EmbeddingError, RebuildRequired) as exc:
-            return {}, {}, exc.to_dict()  # no vectors ahead and no near-duplicate report; exact ones still hold
-        return {i: v for i, v, ok in zip(todo, embedded, good.tolist()) if ok}, near, None
+            return ({}, {}), {}, exc.to_dict()  # no vectors ahead and no near-duplicate report; exact ones still hold
+        return ({i: v for i, v, ok in zip(todo, embedded, good.tolist()) if ok},
+                {todo[j]: rows for j, rows in parts.items()}), near, None
 
     @staticmethod
     def _tombstones(scan: LogScan, forget: Sequence[str], reason: str, reasons: dict[str, str]

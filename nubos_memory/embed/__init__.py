@@ -15,16 +15,20 @@ def make_embedder(provider: str, model: str, runtime: str = "auto", device: str 
                   config: "MemoryConfig | None" = None) -> Embedder:
     """The embedder a config names (the model itself loads on first use; a gateway's settings come
     from ``config``)."""
+    from .prefixed import prefixed
+
+    query_prefix, passage_prefix = (config.query_prefix, config.passage_prefix) if config is not None else ("", "")
     if provider == "hash":
-        return HashEmbedder(model if model.startswith("hash-") else "hash-256")
+        return prefixed(HashEmbedder(model if model.startswith("hash-") else "hash-256"), query_prefix, passage_prefix)
     if provider == "openai":
         from ..config import MemoryConfig
         from .gateway import make_gateway
 
-        return make_gateway(config if config is not None else MemoryConfig(provider=provider, model=model))
+        gateway = make_gateway(config if config is not None else MemoryConfig(provider=provider, model=model))
+        return prefixed(gateway, query_prefix, passage_prefix)
     from .model import ModelEmbedder
 
-    return ModelEmbedder(model, runtime=runtime, device=device)
+    return prefixed(ModelEmbedder(model, runtime=runtime, device=device), query_prefix, passage_prefix)
 
 
 __all__ = ["Embedder", "HashEmbedder", "fingerprint_of", "make_embedder"]

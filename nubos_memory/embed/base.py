@@ -76,3 +76,15 @@ class Embedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         """Return an ``(len(texts), dim)`` float32 array of unit vectors."""
         raise NotImplementedError
+
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        """The vectors of search queries (the query path's one call): :meth:`embed`'s, unless the model
+        marks queries and passages apart (``prefixed.py``; a gateway's ``input_type``)."""
+        return self.embed(texts)
+
+    def embed_parts(self, texts: list[str]) -> "tuple[np.ndarray, dict[int, np.ndarray]]":
+        """:meth:`embed`, and the unit vectors of the pieces of each text that was embedded in
+        several (longer than the model's window), by text: best-piece scoring keeps them
+        (``index/vectors.py``).  An embedder that never cuts a text (the hash double, a gateway
+        that embeds whole texts) has none."""
+        return self.embed(texts), {}

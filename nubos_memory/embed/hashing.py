@@ -56,3 +56,26 @@ class HashEmbedder(Embedder):
             if norm > 0:
                 out[row] /= norm
         return out
+
+
+class ParagraphHashEmbedder(HashEmbedder):
+    """The hash double that cuts a text at blank lines into pieces, as a model cuts a long text at its
+    window, and pools them as the model does (``pooling.pool_pieces``): the double of best-piece
+    scoring (``index/vectors.py``) for tests and benchmarks."""
+
+    def embed_parts(self, texts: list[str]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        from .pooling import pool_pieces, several_pieces
+
+        pieces: list[str] = []
+        owner: list[int] = []
+        for i, text in enumerate(texts):
+            parts = [p for p in text.split("\n\n") if p.strip()] or [text]
+            pieces += parts
+            owner += [i] * len(parts)
+        vecs, rows = HashEmbedder.embed(self, pieces), np.asarray(owner)
+        if len(pieces) == len(texts):
+            return vecs, {}
+        return pool_pieces(vecs, rows, len(texts)), several_pieces(vecs, rows)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return self.embed_parts(texts)[0]

@@ -32,7 +32,7 @@ from ..limits import DEFAULT_MODEL
 from ..userdirs import DOWNLOADS_ENV, allow_downloads
 from .base import Embedder
 from .modelfiles import digest, locate
-from .pooling import FIRST_PIECE_WEIGHT, Runtime, embed_with, pieces_for, pool_pieces
+from .pooling import FIRST_PIECE_WEIGHT, Runtime, embed_parts_with, embed_with, pieces_for, pool_pieces
 
 # The pooling helpers live in pooling.py; these names are still importable from here.
 __all__ = ["BATCH_ON_GPU", "DEFAULT_MODEL_DIM", "FIRST_PIECE_WEIGHT", "Choice", "ModelEmbedder", "Runtime",
@@ -260,11 +260,14 @@ class ModelEmbedder(Embedder):
         return pieces_for(self.runtime(), texts)
 
     def embed(self, texts: list[str]) -> np.ndarray:
+        return self.embed_parts(texts)[0]
+
+    def embed_parts(self, texts: list[str]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         runtime = self.batch_runtime(len(texts))
         if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
+            return np.zeros((0, self.dim), dtype=np.float32), {}
         try:
-            return embed_with(runtime, texts)
+            return embed_parts_with(runtime, texts)
         except EmbeddingError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of the model: embedding-failed

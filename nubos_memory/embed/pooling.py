@@ -68,16 +68,28 @@ def pieces_for(runtime: Runtime, texts: list[str]) -> tuple[list[str], list[int]
 
 def embed_with(runtime: Runtime, texts: list[str]) -> np.ndarray:
     """One unit vector per text: texts that fit the window as they are, longer ones in pooled pieces."""
+    return embed_parts_with(runtime, texts)[0]
+
+
+def embed_parts_with(runtime: Runtime, texts: list[str]) -> "tuple[np.ndarray, dict[int, np.ndarray]]":
+    """:func:`embed_with`, and the piece vectors of every text longer than the window, by text
+    (``(pieces, dim)``, in text order): what best-piece scoring keeps (``index/vectors.py``)."""
     # A query: most fit the window.  A character is at most 4 tokens (UTF-8 bytes, for byte-level
     # tokenizers), so a short text fits for sure; a longer one is counted.
     if len(texts) == 1 and (4 * len(texts[0]) <= runtime.window
                             or len(runtime.token_starts(texts)[0]) <= runtime.window):
-        return runtime.encode(texts)
+        return runtime.encode(texts), {}
     pieces, owner = pieces_for(runtime, texts)
     vecs = runtime.encode(pieces)
     if len(pieces) == len(texts):  # everything fit the window: nothing to pool
-        return vecs
-    return pool_pieces(vecs, np.asarray(owner), len(texts))
+        return vecs, {}
+    return pool_pieces(vecs, np.asarray(owner), len(texts)), several_pieces(vecs, np.asarray(owner))
+
+
+def several_pieces(vecs: np.ndarray, owner: np.ndarray) -> dict[int, np.ndarray]:
+    """The piece vectors of each text that has more than one piece, by text."""
+    counts = np.bincount(owner) if len(owner) else np.zeros(0, dtype=np.int64)
+    return {int(t): np.ascontiguousarray(vecs[owner == t], dtype=np.float32) for t in np.flatnonzero(counts > 1)}
 
 
 def pool_pieces(vecs: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..embed.base import Embedder
+from ..embed.pooling import pool_pieces, several_pieces
 from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, ensure_dir, loads
 
 
@@ -49,10 +50,18 @@ class CachedEmbedder(Embedder):
         return self.inner.dim
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        keys = [hashlib.sha256(t.encode("utf-8")).hexdigest()[:32] for t in texts]
+        return self._cached(texts, "")
+
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        """Queries, remembered apart from passages (a model may embed them apart: ``embed/prefixed.py``)."""
+        return self._cached(texts, "query\0")
+
+    def _cached(self, texts: list[str], kind: str) -> np.ndarray:
+        keys = [hashlib.sha256((kind + t).encode("utf-8")).hexdigest()[:32] for t in texts]
         todo = [i for i, k in enumerate(keys) if k not in self._keys]
         if todo:
-            fresh = self.inner.embed([texts[i] for i in todo])
+            given = [texts[i] for i in todo]
+            fresh = self.inner.embed_query(given) if kind else self.inner.embed(given)
             for i, vec in zip(todo, fresh):
                 if keys[i] not in self._keys:
                     self._keys[keys[i]] = len(self._vecs)
@@ -60,6 +69,20 @@ class CachedEmbedder(Embedder):
         self.misses += len(todo)
         self.hits += len(texts) - len(todo)
         return np.stack([self._vecs[self._keys[k]] for k in keys]).astype(np.float32)
+
+    def embed_parts(self, texts: list[str]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        """The inner model's pieces, each remembered by its own text (a piece fits the window, so
+        its vector is the model's for it alone), pooled as the model pools them."""
+        split = getattr(self.inner, "pieces", None)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32), {}
+        if split is None:  # a model that never cuts a text
+            return self.embed(texts), {}
+        pieces, owner = split(texts)
+        if len(pieces) == len(texts):
+            return self.embed(texts), {}
+        vecs, rows = self.embed(pieces), np.asarray(owner)
+        return pool_pieces(vecs, rows, len(texts)), several_pieces(vecs, rows)
 
     def save(self) -> None:
         if len(self._keys) == self._saved:

@@ -126,7 +126,7 @@ def evaluate_one(source_config: dict[str, Any], folder: Path, *, split: str = "t
     try:
         (scratch / STATE_DIR).mkdir()
         (scratch / STATE_DIR / CONFIG_FILE).write_bytes(dumps({"memory": config}))
-        mem = Memory.open(scratch, embedder=emb)
+        mem = Memory.open(scratch, embedder=emb, user=False)  # never the user-level memory (usermemory.py)
         scratch_store = mem.store
         ids, records = _corpus_records(corpus)
         start = time.perf_counter()

@@ -50,6 +50,29 @@ def self_score(idf: Callable[[str], float], terms: Sequence[str]) -> float:
     return sum(idf(t) * c * (K1 + 1) / (c + K1) for t, c in counts.items())
 
 
+class SharedStatistics:
+    """One BM25 statistic over several indexes (the project's and the user's memory, ``search/fused.py``):
+    the document count, each term's document frequency and the average length are those of all of them
+    together, so each index scores its documents exactly as one index holding every document would."""
+
+    def __init__(self, engines: "Sequence[PostingsBM25]"):
+        self.engines = list(engines)
+        self._df: dict[str, int] = {}
+
+    def live(self) -> int:
+        return sum(e.live for e in self.engines)
+
+    def df(self, term: str) -> int:
+        found = self._df.get(term)
+        if found is None:
+            found = self._df[term] = sum(e.document_frequency(term) for e in self.engines)
+        return found
+
+    def avgdl(self) -> float:
+        live = self.live()
+        return (sum(e.live_length() for e in self.engines) / live or 1.0) if live else 1.0
+
+
 class PostingsBM25:
     """The same BM25 from an inverted index held in numpy arrays (CSR postings).
 
@@ -83,6 +106,17 @@ class PostingsBM25:
         self.removed: set[int] = set()
         self._removed_df: dict[int, int] = {}  # term id -> removed documents holding it
         self._removed_len = 0.0
+        self.shared: SharedStatistics | None = None  # scoring under several indexes' statistic (``share``)
+
+    def share(self, statistics: SharedStatistics | None) -> None:
+        """Score with ``statistics`` (document count, df, average length) instead of this index's own, until
+        called again with None."""
+        self.shared = statistics
+        self._norm = None
+
+    def live_length(self) -> float:
+        """The live documents' total length."""
+        return float(self.doc_len.sum()) - self._removed_len
 
     @property
     def size(self) -> int:
@@ -187,6 +221,9 @@ class PostingsBM25:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def idf(self, term: str) -> float:
+        if self.shared is not None:  # the statistic of every index shared with (a term only another holds too)
+            df, live = self.shared.df(term), self.shared.live()
+            return math.log(1.0 + (live - df + 0.5) / (df + 0.5)) if df > 0 and live else 0.0
         tid = self.vocab.get(term)
         if tid is None or not self.live:
             return 0.0
@@ -208,6 +245,8 @@ class PostingsBM25:
 
     def avgdl(self) -> float:
         """The live documents' average length (1 when there are none, or all are empty)."""
+        if self.shared is not None:
+            return self.shared.avgdl()
         return ((float(self.doc_len.sum()) - self._removed_len) / self.live or 1.0) if self.live else 1.0
 
     def score_tokens(self, terms: Sequence[str], tokens: Sequence[str]) -> float:

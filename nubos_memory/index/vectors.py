@@ -12,6 +12,13 @@ database's pgvector HNSW index, store/postgres.py) instead of a local graph;
 its proposals are checked and scored against the stored vectors like HNSW's,
 and when it cannot give enough of them the exact scan answers.
 
+A record longer than the model's window is embedded in pieces and stored as
+one pooled vector (``embed/pooling.py``); its piece vectors are kept beside
+(``Pieces``), and its cosine with a query is ``λ·best piece + (1 − λ)·pooled``
+(``PIECE_LAMBDA``; adr/0002, issue 24): a several-topic record's pooled vector
+matches none of its topics, its best piece matches the one asked about.  A
+record of one piece scores by its one vector exactly as before.
+
 Deterministic builds: one thread, a fixed seed, insertion in label order, so
 the same vectors give byte-identical index files.
 """
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +42,9 @@ HNSW_SEED = 100
 OVERFETCH_MAX = 512  # HNSW still serves a query that excludes at most this many rows
 ANN_SLACK = 64  # extra rows asked of a store's own candidate index (rows this machine has not indexed yet)
 KAPPA_MIN_ROWS = 16  # fewer rows than this are too few to tell their order's coherence from chance
+PIECE_RULE = "best piece v1"
+PIECE_LAMBDA = 0.5  # a several-piece record's cosine: λ·best piece + (1 − λ)·pooled (adr/0002: 0.5 measured best)
+QUESTION_RULE = "best of record and questions v1"  # HyPE: a record's cosine is the better of its own and its questions'
 
 
 def usable(vectors: np.ndarray) -> np.ndarray:
@@ -122,12 +133,95 @@ def kappa(stats: dict[str, Any] | None) -> float:
     return float(stats["adjacent"]) / (n - 1) - all_pairs
 
 
+@dataclass(frozen=True)
+class Pieces:
+    """The piece vectors of the records embedded in several pieces: ``vectors`` (unit, float32) and
+    the label each row belongs to (``owner``, non-decreasing: a record's rows are together)."""
+
+    vectors: np.ndarray
+    owner: np.ndarray
+
+    @staticmethod
+    def empty(dim: int) -> "Pieces":
+        return Pieces(np.zeros((0, dim), dtype=np.float32), np.zeros(0, dtype=np.int64))
+
+    @staticmethod
+    def of_labels(by_label: "dict[int, np.ndarray]", dim: int) -> "Pieces":
+        """Pieces from each label's rows (in label order)."""
+        labels = sorted(by_label)
+        if not labels:
+            return Pieces.empty(dim)
+        rows = [np.asarray(by_label[label], dtype=np.float32).reshape(-1, dim) for label in labels]
+        owner = np.concatenate([np.full(len(r), label, dtype=np.int64) for label, r in zip(labels, rows)])
+        return Pieces(np.ascontiguousarray(np.concatenate(rows)), owner)
+
+    def __len__(self) -> int:
+        return len(self.owner)
+
+    def rows_of(self, label: int) -> np.ndarray:
+        """One label's piece vectors (none: a record of one piece)."""
+        a, b = np.searchsorted(self.owner, [label, label + 1])
+        return np.asarray(self.vectors[a:b])
+
+    def by_label(self, keep: "np.ndarray | None" = None) -> "dict[int, np.ndarray]":
+        """Every label's rows (only those where ``keep[label]``)."""
+        out: dict[int, np.ndarray] = {}
+        starts = self.starts
+        for a, b in zip(starts.tolist(), [*starts[1:].tolist(), len(self.owner)]):
+            label = int(self.owner[a])
+            if keep is None or keep[label]:
+                out[label] = np.asarray(self.vectors[a:b])
+        return out
+
+    @cached_property
+    def starts(self) -> np.ndarray:
+        """The first row of each label's pieces."""
+        found: np.ndarray = np.flatnonzero(np.r_[True, self.owner[1:] != self.owner[:-1]]) if len(self.owner) \
+            else np.zeros(0, dtype=np.int64)
+        return found
+
+    def best(self, query: np.ndarray, n: int) -> np.ndarray:
+        """The best piece's cosine of each of ``n`` labels with ``query`` (NaN: no pieces)."""
+        out = np.full(n, np.nan, dtype=np.float32)
+        if len(self.owner):
+            cos = np.asarray(self.vectors @ query, dtype=np.float32)
+            out[self.owner[self.starts]] = np.maximum.reduceat(cos, self.starts)
+        return out
+
+
+def question_key(questions: list[str]) -> str:
+    """What a record's question vectors were made from (a generation keeps it per label)."""
+    import hashlib
+
+    return hashlib.sha256("\n".join(questions).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Questions:
+    """HyPE: the vectors of the questions records answer (``rows``, by label) and, per label, the
+    ``question_key`` of the questions they were made from."""
+
+    rows: Pieces
+    keys: "dict[int, str]"
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def mix(pooled: np.ndarray, best: np.ndarray) -> np.ndarray:
+    """A record's cosine: ``PIECE_LAMBDA``·best piece + the rest·pooled where it has pieces (``best``
+    not NaN), the pooled cosine where it has not."""
+    mixed: np.ndarray = np.where(np.isnan(best), pooled, PIECE_LAMBDA * best + (1.0 - PIECE_LAMBDA) * pooled)
+    return mixed
+
+
 class VectorIndex:
     """Indexed records' vectors, looked up by record id."""
 
     def __init__(self, ids: list[str], hashes: list[str], vectors: np.ndarray,
                  hnsw_path: Path | None = None, ef_search: int = 100, vectors_path: Path | None = None,
-                 hnsw_sha256: str | None = None):
+                 hnsw_sha256: str | None = None, pieces: Pieces | None = None, pieces_path: Path | None = None,
+                 questions: Questions | None = None):
         self.ids = ids
         self.hnsw_sha256 = hnsw_sha256
         self._graph_verified = False
@@ -140,6 +234,11 @@ class VectorIndex:
         self.ef_search = ef_search
         self._hnsw: Any = None
         self.ann: Ann | None = None  # a store's candidate index, used instead of the graph (module docstring)
+        # None: a generation from before best-piece scoring (every record scores by its pooled vector
+        # until memory-rebuild); else the several-piece records' pieces (often none)
+        self.pieces = pieces
+        self.pieces_path = pieces_path
+        self.questions = questions  # HyPE's question vectors (None: no record has any)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -234,8 +333,39 @@ class VectorIndex:
         order = part[np.lexsort((part, -sims[part]))]
         return rows[order].astype(np.int64), sims[order].astype(np.float32)
 
-    def cosines(self, labels: np.ndarray, query: np.ndarray) -> np.ndarray:
-        """Exact cosine of the given labels' stored (unit) vectors with ``query``."""
+    def cosines(self, labels: np.ndarray, query: np.ndarray, best: np.ndarray | None = None,
+                asked: np.ndarray | None = None) -> np.ndarray:
+        """Exact cosine of the given labels' stored (unit) vectors with ``query``; with ``best`` (the
+        query's :meth:`best_pieces`), a several-piece record's is mixed with its best piece's (:func:`mix`);
+        with ``asked`` (:meth:`best_questions`), a record with HyPE questions scores the better of that
+        and its closest question's."""
         if len(labels) == 0:
             return np.zeros(0, dtype=np.float32)
-        return np.asarray(self.vectors[labels] @ query, dtype=np.float32)
+        cos = np.asarray(self.vectors[labels] @ query, dtype=np.float32)
+        if best is not None:
+            cos = np.asarray(mix(cos, best[labels]), dtype=np.float32)
+        if asked is not None:
+            cos = np.fmax(cos, asked[labels])  # NaN (no questions) keeps the record's own
+        return cos
+
+    def best_questions(self, query: np.ndarray) -> np.ndarray | None:
+        """Each label's closest HyPE question's cosine with ``query`` (NaN: none); None when no record has any."""
+        if self.questions is None or not len(self.questions):
+            return None
+        return self.questions.rows.best(query, len(self))
+
+    def best_pieces(self, query: np.ndarray) -> np.ndarray | None:
+        """Each label's best piece cosine with ``query`` (NaN: one piece); None when no record has pieces."""
+        if self.pieces is None or not len(self.pieces):
+            return None
+        return self.pieces.best(query, len(self))
+
+    def top_by_pieces(self, best: np.ndarray, k: int, allowed: np.ndarray | None = None) -> np.ndarray:
+        """The ``k`` labels (of ``allowed``) whose best piece is closest to the query: the candidates a
+        several-topic record gets by the topic asked about, which its pooled vector may miss."""
+        rows = np.flatnonzero(~np.isnan(best)) if allowed is None else allowed[~np.isnan(best[allowed])]
+        if not len(rows) or k <= 0:
+            return np.zeros(0, dtype=np.int64)
+        k = min(k, len(rows))
+        part = np.argpartition(-best[rows], k - 1)[:k]
+        return rows[part[np.lexsort((rows[part], -best[rows[part]]))]].astype(np.int64)

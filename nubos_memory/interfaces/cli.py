@@ -21,7 +21,7 @@ from .. import codes
 from ..errors import DisabledError, UsageError, failure
 from ..fsio import dumps, printable
 from ..limits import PROGRESS_MODES
-from ..params import SERVE
+from ..params import HTTP, SERVE
 from .verbs import VERBS, Context, Request, Verb, answered, prepare, run
 
 if TYPE_CHECKING:
@@ -102,6 +102,13 @@ def _serve(request: Request) -> Any:
     return run_server(request.get("root"), float(request.get("idle_timeout") or 0.0))
 
 
+def _http(request: Request) -> Any:
+    from .http import run_http
+
+    return run_http(request.get("root"), request.get("host") or "127.0.0.1", int(request.get("port") or 0),
+                    list(request.get("allow_host") or []))
+
+
 def _mcp(request: Request) -> Any:
     from .mcp_server import run_mcp
 
@@ -114,6 +121,9 @@ LAUNCHERS = {
                               SERVE), _serve),
     "memory-mcp": (Launcher("memory-mcp", "serve this memory's tools to an agent over the Model Context Protocol "
                             "(stdio)"), _mcp),
+    "memory-http": (Launcher("memory-http", "serve the verbs over HTTP/JSON (/v1/<verb>, the Knowledge Hive's "
+                             "/api/knowledge routes), MCP over streamable HTTP (/mcp) and a store browser (/)",
+                             HTTP), _http),
 }
 COMMANDS: "dict[str, Verb | Launcher]" = {**VERBS, **{name: spec for name, (spec, _) in LAUNCHERS.items()}}
 

@@ -344,15 +344,16 @@ def memory_mcp_class() -> type:
     return MemoryMCP
 
 
-def build_server(root: str | None) -> tuple[Any, "WarmMemory"]:
-    """An ``MCPServer`` whose tools operate on the project memory at ``root``, and its warm memory."""
+def build_server(root: str | None, warm: "WarmMemory | None" = None) -> tuple[Any, "WarmMemory"]:
+    """An ``MCPServer`` whose tools operate on the project memory at ``root``, and its warm memory (``warm``
+    when given: ``memory-http`` shares its own with the HTTP routes)."""
     from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
     from .. import __version__
     from ..api.context import render_markdown
     from .warm import WarmMemory
 
-    warm = WarmMemory(root)
+    warm = warm if warm is not None else WarmMemory(root)
 
     server = memory_mcp_class()("nubos-memory", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
 

@@ -114,11 +114,13 @@ def prepare(name: str, request: Request) -> None:
     """Make a request self-contained, before it runs here or is sent to ``memory-serve``: standard
     input read (unless memory is off: then nothing is read), files named relative to this process's
     working directory made absolute, and a record id fixed (so a retry cannot store it twice)."""
+    if name == "memory-harvest" and isinstance(request.get("transcript"), str):
+        request["transcript"] = os.path.abspath(request["transcript"])
     if not VERBS[name].stdin:
         return
     from ..config import load_project
 
-    if not load_project(request.get("root")).config.enabled:
+    if request.get("scope") != "user" and not load_project(request.get("root")).config.enabled:
         raise DisabledError("memory is disabled for this project (memory.enabled is false); run memory-init "
                             "to enable it")
     if name == "memory-add":
@@ -180,6 +182,11 @@ def _memory(ctx: Context, request: Request) -> "Memory":
     return ctx.open_memory(request.get("root"))
 
 
+def _scoped(ctx: Context, request: Request, *, create: bool = False) -> "Memory":
+    """The memory ``--scope`` names: the project's, or the user-level memory (made by a write: ``create``)."""
+    return _memory(ctx, request).for_scope(request.get("scope"), create=create)
+
+
 # -- the table ------------------------------------------------------------------------------
 @verb("memory-init", "create .nubos-pilot/memory/ and enable memory for this project", served=False)
 def _init(ctx: Context, request: Request) -> Any:
@@ -192,7 +199,7 @@ def _init(ctx: Context, request: Request) -> Any:
 
 @verb("memory-add", "add one record", P.ADD, writes=True, stdin=True)
 def _add(ctx: Context, request: Request) -> Any:
-    mem = _memory(ctx, request)
+    mem = _scoped(ctx, request, create=True)
     mem.require_enabled()
     if request.get("body") is not None:
         body = request["body"]
@@ -216,7 +223,7 @@ def _add(ctx: Context, request: Request) -> Any:
 def _index(ctx: Context, request: Request) -> Any:
     from .batchfile import MAX_BATCH_BYTES, parse_batch
 
-    mem = _memory(ctx, request)
+    mem = _scoped(ctx, request, create=True)
     mem.require_enabled()
     path = request.get("records_file")
     if path is None:
@@ -250,24 +257,24 @@ def _query(ctx: Context, request: Request) -> Any:
 
 @verb("memory-get", "records by id, retired ones too (marked with why and when)", P.GET)
 def _get(ctx: Context, request: Request) -> Any:
-    return _memory(ctx, request).get(list(request.get("ids") or []), history=bool(request.get("history")))
+    return _scoped(ctx, request).get(list(request.get("ids") or []), history=bool(request.get("history")))
 
 
 @verb("memory-forget", "retire records by id (tombstones; the log stays append-only)", P.FORGET, writes=True)
 def _forget(ctx: Context, request: Request) -> Any:
-    return _memory(ctx, request).forget(list(request.get("ids") or []), reason=request.get("reason") or "forgotten")
+    return _scoped(ctx, request).forget(list(request.get("ids") or []), reason=request.get("reason") or "forgotten")
 
 
 @verb("memory-pin", "mark records hot: memory-context includes them in every block (an append-only log operation)",
       P.PIN, writes=True)
 def _pin(ctx: Context, request: Request) -> Any:
-    return _memory(ctx, request).pin(list(request.get("ids") or []))
+    return _scoped(ctx, request).pin(list(request.get("ids") or []))
 
 
 @verb("memory-unpin", "records no longer hot (an append-only log operation; the records stay)", P.UNPIN,
       writes=True)
 def _unpin(ctx: Context, request: Request) -> Any:
-    return _memory(ctx, request).unpin(list(request.get("ids") or []))
+    return _scoped(ctx, request).unpin(list(request.get("ids") or []))
 
 
 @verb("memory-context", "one block for an agent's turn within --max-tokens: hot records, the task's best hits, the "
@@ -332,6 +339,24 @@ def _verify(ctx: Context, request: Request) -> Any:
       long=True)
 def _rebuild(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).rebuild(ctx.progress, reembed=bool(request.get("reembed")))
+
+
+@verb("memory-hype", "generator: write the questions each record answers (HyPE) for the records still waiting; "
+      "a write starts this in the background when memory.generator is on", P.HYPE, served=False, writes=True)
+def _hype(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).hype(limit=request.get("limit"))
+
+
+@verb("memory-summarise", "generator: merge each group of near duplicates (or a large type) into one record that "
+      "supersedes them; append-only (--dry-run: before and after)", P.SUMMARISE, served=False, writes=True)
+def _summarise(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).summarise(**{p.name: argument(p, request) for p in P.SUMMARISE})
+
+
+@verb("memory-harvest", "generator: write a transcript's episodic summary and the durable facts it holds, each "
+      "citing it (idempotent by its text)", P.HARVEST, served=False, writes=True)
+def _harvest(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).harvest(request["transcript"])
 
 
 @verb("memory-stats", "counts, model, timestamps and consistency of the memory")

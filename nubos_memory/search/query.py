@@ -24,7 +24,7 @@ The answer's shape (near duplicates collapsed, ``explain``) is ``answer.py``'s.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -88,9 +88,30 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
     """
     req = Request(text, k, type, phase, tags, alpha, fusion, explain, mode, collapse, phase_exact, since, as_of,
                   positions=positions, side_weights=side_weights, domain=domain)
+    got = gather(mem, req, syntax)
+    return got if not isinstance(got, Gathered) else finish(mem, got)
+
+
+@dataclass
+class Gathered:
+    """One memory's part of a query up to its candidates: the answer so far, both sides and the scope
+    their statistics are over (``search/fused.py`` pools them across memories before ``finish``)."""
+
+    out: "QueryResult"
+    records: "list[Record]"
+    req: Request
+    scope: Scope
+    state: "VectorState | None"
+    lex: LexicalSide
+    vec: VectorSide | None
+
+
+def gather(mem: Searchable, req: Request, syntax: Parsed | None = None) -> "Gathered | QueryResult":
+    """Stages 1-3 of a query (filters, both sides); the answer itself when there is nothing to rank."""
+    text = req.text
     scan = mem.scan()
     out = empty_answer(mem.config, scan, req)
-    live = None if as_of is None else _as_of(mem.snap, scan, as_of, out)
+    live = None if req.as_of is None else _as_of(mem.snap, scan, req.as_of, out)
     if live is None and mem.snap.expired:
         out["counts"]["records"] = int(mem.snap.alive.sum())  # expired records are not live
     terms = tokenize(text)
@@ -101,13 +122,25 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
         return out
     scope, state = _scope(mem, req, *filtered, live)
     req = _side_weighted(req, state, out)
-    lex = lexical_side(mem.snap, terms, scope, propose=mode != "vector", past=live is not None)
+    lex = lexical_side(mem.snap, terms, scope, propose=req.mode != "vector", past=live is not None)
     vec = _vector_stage(mem, state, text, scope, lex, out, live)
-    cands = _candidates(lex, vec, scope)
-    out["counts"]["candidates"] = len(cands)
-    kept = _ranked(cands, scan.records, req, mem.config.threshold)
-    out["hits"] = _hits(kept, scan.records, state, mem.config, req, scope, lex)
-    return out
+    return Gathered(out, scan.records, req, scope, state, lex, vec)
+
+
+def candidates(got: Gathered) -> list[Candidate]:
+    """Stage 4: the candidates of a gathered query, each with both signals."""
+    return _candidates(got.lex, got.vec, got.scope)
+
+
+def finish(mem: Searchable, got: Gathered, cands: list[Candidate] | None = None, *,
+           threshold: float | None = None) -> "QueryResult":
+    """Stages 4-5: candidates (``cands``: already made), fusion and the top ``k`` hits (``threshold``:
+    the cosine a vector-only hit needs, default the memory's)."""
+    cands = candidates(got) if cands is None else cands
+    got.out["counts"]["candidates"] = len(cands)
+    kept = _ranked(cands, got.records, got.req, mem.config.threshold if threshold is None else threshold)
+    got.out["hits"] = _hits(kept, got.records, got.state, mem.config, got.req, got.scope, got.lex)
+    return got.out
 
 
 # -- 1. filters ------------------------------------------------------------------------------

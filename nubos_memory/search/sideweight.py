@@ -3,7 +3,7 @@
 z fusion ranks by ``w·z(b') + (1 − w)·z(c')``.  How strong each side is depends on the memory:
 a pooled vector of a long, several-topic record matches none of its topics, and there BM25
 should carry more weight.  The weight is estimated without labels, from known-item
-pseudo-queries drawn from the records themselves (rule ``pseudo-queries v1``):
+pseudo-queries drawn from the records themselves (rule ``pseudo-queries v2``):
 
 * **Drawing** (deterministic for a given log): every record body is cut into sentences and
   lines (``chunking.sentence_spans``); the (record id, sentence index) pairs are ordered by
@@ -16,8 +16,10 @@ pseudo-queries drawn from the records themselves (rule ``pseudo-queries v1``):
   BM25 and vector.  Both sides lose the verbatim match.
 * **Weight**: each side is z-standardised over the memory (plain signals, no neighbour
   context); the reciprocal rank of the target is taken for each side and for the hybrid at
-  ``w`` in 0.1 … 0.9.  ``w`` is the argmax of the hybrid's MRR (ties: the ``w`` nearest the
-  floor, then the smaller).
+  ``w`` in 0.1 … 0.9.  A ``w`` is *sure* when its MRR gain over the floor's is at least ``SURE``
+  standard errors of the paired per-query differences; ``w`` is the sure one of the best MRR
+  (ties: the ``w`` nearest the floor, then the smaller), the floor when none is sure (on a flat
+  curve the argmax is noise: adr/0002).
 * **Floor**: the configured ``memory.alpha`` when fewer than ``MIN_QUERIES`` pseudo-queries
   qualify (nothing is embedded then) or both sides' MRR are below ``NO_SIGNAL`` (a memory of
   short turns, where the task says nothing about either side).
@@ -43,13 +45,14 @@ if TYPE_CHECKING:
     from ..index.lexical import PostingsBM25
     from ..types import Record
 
-RULE = "pseudo-queries v1"
+RULE = "pseudo-queries v2"
 N_QUERIES = 100
 MIN_TERMS = 3
 MIN_QUERIES = 20
 NO_SIGNAL = 0.15
 GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-NEAR_BEST = 0.0  # a weight this close to the best pseudo-MRR is a tie (0.02 measured: adr/0002, issue 24)
+CERTAIN = 99.0  # the gain of a weight that wins by the same on every pseudo-query (no spread)
+SURE = 1.0  # a weight moves off the floor only by a gain over it of this many standard errors (adr/0002)
 REFRESH_GROWTH = 1.25  # re-estimate when the live records with a vector grew by 25 %
 FEW = "few pseudo-queries"
 NO_SIGNAL_WHY = "no signal"
@@ -122,15 +125,33 @@ def _cosines(drawn: list[Pseudo], vectors: np.ndarray, embed: Embed) -> np.ndarr
     return cos
 
 
-def choose(curve: dict[float, float], lexical_mrr: float, vector_mrr: float, floor: float) -> tuple[float, str | None]:
-    """The weight and why it is the floor (None: estimated): the argmax of the hybrid's MRR over
-    the grid, ties to the weight nearest ``floor`` then the smaller; ``floor`` when neither side
-    finds its targets (both MRR below ``NO_SIGNAL``)."""
+def sure_gains(rr: dict[float, np.ndarray], floor: float) -> dict[float, float]:
+    """Each weight's gain in pseudo-MRR over the grid weight nearest ``floor``, in standard errors of
+    the paired per-query differences (``CERTAIN`` for the same gain on every query)."""
+    base = rr[min(rr, key=lambda w: (abs(w - floor), w))]
+    out = {}
+    for w, r in rr.items():
+        diff = r - base
+        se = float(diff.std(ddof=1)) / np.sqrt(len(diff)) if len(diff) > 1 else 0.0
+        mean = float(diff.mean())
+        out[w] = mean / se if se > 1e-12 else (0.0 if abs(mean) < 1e-12 else float(np.sign(mean)) * CERTAIN)
+    return out
+
+
+def choose(curve: dict[float, float], gains: dict[float, float], lexical_mrr: float, vector_mrr: float,
+           floor: float) -> tuple[float, str | None]:
+    """The weight and why it is the floor (None: estimated): among the weights whose gain over the
+    floor is sure (``SURE`` standard errors, ``sure_gains``), the one of the best pseudo-MRR, ties
+    to the weight nearest ``floor`` then the smaller; ``floor`` when none is sure (a flat curve:
+    which weight wins there is noise), and when neither side finds its targets (both MRR below
+    ``NO_SIGNAL``)."""
     if max(lexical_mrr, vector_mrr) < NO_SIGNAL or not curve:
         return floor, NO_SIGNAL_WHY
-    best = max(curve.values())
-    near = [w for w, v in curve.items() if v >= best - NEAR_BEST - 1e-12]
-    return min(near, key=lambda w: (abs(w - floor), w)), None
+    sure = [w for w in curve if gains.get(w, 0.0) >= SURE]
+    if not sure:
+        return floor, None
+    best = max(curve[w] for w in sure)
+    return float(min((w for w in sure if curve[w] >= best - 1e-12), key=lambda w: (abs(w - floor), w))), None
 
 
 def floored(floor: float, n: int, records: int) -> dict[str, Any]:
@@ -152,18 +173,21 @@ def estimate(records: "Sequence[Record]", positions: np.ndarray, vectors: np.nda
     zc = _z(_cosines(drawn, vectors, embed))
     lexical_mrr = float(_reciprocal_ranks(zl, target).mean())
     vector_mrr = float(_reciprocal_ranks(zc, target).mean())
-    curve = {w: float(_reciprocal_ranks(w * zl + (1 - w) * zc, target).mean()) for w in GRID}
-    weight, why = choose(curve, lexical_mrr, vector_mrr, floor)
+    rr = {w: _reciprocal_ranks(w * zl + (1 - w) * zc, target) for w in GRID}
+    curve = {w: float(r.mean()) for w, r in rr.items()}
+    gains = sure_gains(rr, floor)
+    weight, why = choose(curve, gains, lexical_mrr, vector_mrr, floor)
     return {"weight": round(weight, 4), "n": len(drawn), "lexical_mrr": round(lexical_mrr, 4),
             "vector_mrr": round(vector_mrr, 4), "curve": {f"{w:.1f}": round(v, 4) for w, v in curve.items()},
+            "gain_se": {f"{w:.1f}": round(float(v), 2) for w, v in gains.items()},
             "records": len(records), "rule": RULE, "floored": why}
 
 
 def due(previous: Any, records: int) -> bool:
-    """Whether a memory of ``records`` live records with a vector needs a new estimate: none yet, or
-    it has grown by ``REFRESH_GROWTH`` since the last one."""
-    if not isinstance(previous, dict) or not isinstance(previous.get("records"), int):
-        return True
+    """Whether a memory of ``records`` live records with a vector needs a new estimate: none yet (or
+    one by an older rule), or it has grown by ``REFRESH_GROWTH`` since the last one."""
+    if not isinstance(previous, dict) or not isinstance(previous.get("records"), int) or previous.get("rule") != RULE:
+        return True  # none, or one made by another rule
     before = int(previous["records"])
     return records >= REFRESH_GROWTH * before and records > before
 

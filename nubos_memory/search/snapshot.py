@@ -40,6 +40,7 @@ class VectorState:
     manifest: "Manifest | None" = None
     labels: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # position -> label, -1: none
     extra: dict[int, np.ndarray] = field(default_factory=dict)  # position -> vector embedded, not persisted
+    extra_pieces: dict[int, np.ndarray] = field(default_factory=dict)  # position -> its pieces' vectors (several)
     degraded: dict[str, Any] | None = None
     indexed: int = 0
     embedded: int = 0

@@ -2,7 +2,10 @@
 
 Up to ``vectors.EXACT_LIMIT`` records in scope every cosine is computed; above,
 HNSW proposes candidates and a fixed sample of the scope (``STATS_SAMPLE``
-records) stands in for the distribution.  Only the cosines a query needs are
+records) stands in for the distribution; the records whose best piece is closest to the query
+are candidates beside HNSW's (a several-piece record's cosine mixes its best piece's and its
+pooled vector's, a record with HyPE questions scores the better of that and its closest question's:
+``index/vectors.py``).  Only the cosines a query needs are
 computed (``Cosines``): the candidates', their neighbours', the lexical
 candidates' and the distribution's.
 """
@@ -17,6 +20,7 @@ import numpy as np
 from .. import codes
 from ..errors import EmbeddingError
 from ..index import vectors as vector_index
+from ..index.vectors import mix
 from .fusion import zscore_stats
 from .neighbours import CONTEXT_VECTOR, with_context
 from .plan import Scope, top
@@ -49,6 +53,10 @@ class Cosines:
         self.cos = np.zeros(n, dtype=np.float64)
         self.known = np.zeros(n, dtype=bool)
         self.extra = np.array(sorted(state.extra), dtype=np.int64)  # embedded for this answer only: usually none
+        # each label's best piece cosine (NaN: a record of one piece); None: no record has pieces
+        self.best = state.index.best_pieces(q) if state.index is not None else None
+        # each label's closest HyPE question's cosine (NaN: none); None: no record has questions
+        self.asked = state.index.best_questions(q) if state.index is not None else None
 
     def compute(self, positions: np.ndarray) -> None:
         """The cosines of these positions that are not known yet (those with a vector)."""
@@ -58,10 +66,13 @@ class Cosines:
         index, labels = self.state.index, self.state.labels
         with_label = todo[labels[todo] >= 0]
         if index is not None and len(with_label):
-            self.cos[with_label] = index.cosines(labels[with_label], self.q)
+            self.cos[with_label] = index.cosines(labels[with_label], self.q, self.best, self.asked)
             self.known[with_label] = True
         for p in todo[np.isin(todo, self.extra)].tolist():
-            self.cos[p] = float(np.dot(self.state.extra[p], self.q))
+            pooled = float(np.dot(self.state.extra[p], self.q))
+            pieces = self.state.extra_pieces.get(p)
+            best = float(np.max(pieces @ self.q)) if pieces is not None and len(pieces) else float("nan")
+            self.cos[p] = float(mix(np.array([pooled]), np.array([best]))[0])
             self.known[p] = True
 
     def with_vector(self, positions: np.ndarray) -> np.ndarray:
@@ -75,7 +86,7 @@ class Cosines:
 
 def query_vector(embedder: Embedder, text: str) -> np.ndarray:
     """The query's unit vector (``EmbeddingError`` when the model gives an unusable one)."""
-    q: np.ndarray = embedder.embed([text])[0]
+    q: np.ndarray = embedder.embed_query([text])[0]  # a query: the model's query prefix, if it has one
     if not vector_index.usable(q[None, :])[0]:
         raise EmbeddingError("the model gave a non-finite or zero vector for the query; it is answered by keywords "
                              "(memory-stats.runtime says what embeds)", code=codes.EMBEDDING_INVALID)
@@ -117,8 +128,12 @@ def _approximate_top(cosines: Cosines, in_scope: np.ndarray, snap: Snapshot,
         top_labels = np.zeros(0, dtype=np.int64)
     else:
         whole = len(in_scope) == len(index)
-        top_labels, _ = index.top(cosines.q, scope.n_cand, None if whole else labels[in_scope[labels[in_scope] >= 0]])
-    proposed = snap.positions_of(top_labels)
+        allowed = None if whole else labels[in_scope[labels[in_scope] >= 0]]
+        top_labels, _ = index.top(cosines.q, scope.n_cand, allowed)
+        for closest in (cosines.best, cosines.asked):  # and the records whose best piece or question is closest
+            if closest is not None:
+                top_labels = np.concatenate([top_labels, index.top_by_pieces(closest, scope.n_cand, allowed)])
+    proposed = snap.positions_of(np.unique(top_labels))
     proposed = np.concatenate([proposed[proposed >= 0], extra[np.isin(extra, scope.positions)]])
     rng = np.random.default_rng(len(in_scope))  # a fixed sample for a given memory size
     stats_of = np.sort(rng.choice(in_scope, min(STATS_SAMPLE, len(in_scope)), replace=False))

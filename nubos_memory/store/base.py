@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..index.lexical import PostingsBM25
-    from ..index.vectors import HnswParams, VectorIndex
+    from ..index.vectors import HnswParams, Pieces, Questions, VectorIndex
     from ..log import LogScan
     from ..types import Manifest, Record
 
@@ -127,10 +127,13 @@ class Store(Protocol):
 
     def commit(self, *, ids: list[str], hashes: list[str], vectors: "np.ndarray", embedding: dict[str, Any],
                params: "HnswParams", alpha: float, previous: "Manifest | None", base: "VectorIndex | None" = None,
-               rebuilt: bool = False, side_weight: "dict[str, Any] | None" = None) -> "Manifest":
+               rebuilt: bool = False, side_weight: "dict[str, Any] | None" = None,
+               pieces: "Pieces | None" = None, questions: "Questions | None" = None) -> "Manifest":
         """Under the lock: publish a new vector generation (``base``: extend the current one).
         ``side_weight``: z fusion's per-memory weight (``search/sideweight.py``), written into the
-        manifest; None keeps ``previous``'s."""
+        manifest; None keeps ``previous``'s.  ``pieces``: the piece vectors of the several-piece
+        records among the rows given (``index/vectors.py``; None: a generation without them).
+        ``questions``: every HyPE question vector the new generation keeps (None: none)."""
         ...
 
     def shared_vectors(self, fingerprint: str, keys: list[str]) -> "dict[str, np.ndarray]":

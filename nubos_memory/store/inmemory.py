@@ -43,11 +43,11 @@ from .. import codes
 from ..errors import LockTimeout, StoreError
 from ..fsio import dumps
 from ..index.lexical import PostingsBM25
-from ..index.vectors import HnswParams, VectorIndex, kappa, order_stats
+from ..index.vectors import HnswParams, Pieces, Questions, VectorIndex, kappa, order_stats
 from ..log import LogScan, feed, frame, redact_lines, restart
 from ..records import SCHEMA_VERSION, now_iso
 from ..types import Manifest, Record
-from .cache import CACHE_FORMAT, carried_side_weight, covers_digest
+from .cache import CACHE_FORMAT, carried_side_weight, covers_digest, joined_pieces, pieces_field, questions_field
 from .lock import try_enter
 
 if TYPE_CHECKING:
@@ -142,7 +142,8 @@ class InMemoryStore:
         self._epoch = 0
         self._backups: list[bytes] = []
         self._manifest: Manifest | None = None
-        self._generation: tuple[list[str], list[str], np.ndarray] | None = None  # ids, hashes, vectors
+        # ids, hashes, vectors, pieces (None: a generation without them), HyPE questions
+        self._generation: tuple[list[str], list[str], np.ndarray, Pieces | None, Questions | None] | None = None
         self._lexical: _Lexical | None = None
         self._write_lock = threading.Lock()
         self._holder: dict[str, Any] | None = None
@@ -291,14 +292,16 @@ class InMemoryStore:
             manifest, generation = copy.deepcopy(self._manifest), self._generation
         if manifest is None or generation is None:
             return None, None
-        ids, hashes, vectors = generation
+        ids, hashes, vectors, pieces, questions = generation
         ef = int((manifest.get("hnsw") or {}).get("ef_search", 100))
-        return manifest, VectorIndex(list(ids), list(hashes), vectors, None, ef)
+        return manifest, VectorIndex(list(ids), list(hashes), vectors, None, ef, pieces=pieces, questions=questions)
 
     def commit(self, *, ids: list[str], hashes: list[str], vectors: np.ndarray, embedding: dict[str, Any],
                params: HnswParams, alpha: float, previous: Manifest | None, base: VectorIndex | None = None,
-               rebuilt: bool = False, side_weight: dict[str, Any] | None = None) -> Manifest:
-        """Under the lock: a new generation (``base``: the current one, whose rows ``vectors`` extend)."""
+               rebuilt: bool = False, side_weight: dict[str, Any] | None = None,
+               pieces: Pieces | None = None, questions: Questions | None = None) -> Manifest:
+        """Under the lock: a new generation (``base``: the current one, whose rows ``vectors`` extend;
+        ``pieces``: those rows' pieces, ``store/cache.py``)."""
         added = np.ascontiguousarray(vectors, dtype=np.float32)
         dim = embedding.get("dim")
         if base is not None and not len(base):
@@ -313,6 +316,10 @@ class InMemoryStore:
             raise StoreError(f"a generation of {len(ids)} ids and {len(hashes)} hashes was given {rows.shape} vectors",
                              code=codes.VECTORS_CORRUPT, details={"ids": len(ids), "shape": list(rows.shape)})
         rows.flags.writeable = False  # shared by every reader of this generation
+        pieces = joined_pieces(base, pieces)
+        if pieces is not None:
+            pieces = Pieces(np.array(pieces.vectors, dtype=np.float32, copy=True), pieces.owner.copy())
+            pieces.vectors.flags.writeable = False
         now = now_iso()
         before = (previous or {}).get("order")
         if base is not None and isinstance(before, dict) and before.get("rows") == len(base):
@@ -336,11 +343,14 @@ class InMemoryStore:
             "rebuilt_at": now if rebuilt else (previous or {}).get("rebuilt_at"),
             "updated_at": now,
             **carried_side_weight(side_weight, previous),
+            **pieces_field(pieces),
+            **questions_field(questions if ids else None),
         }
         manifest = cast(Manifest, doc)
         with self._mutex:
             self._manifest = copy.deepcopy(manifest)
-            self._generation = (list(ids), list(hashes), rows)
+            self._generation = (list(ids), list(hashes), rows, pieces,
+                                questions if questions is not None and len(questions) and ids else None)
         return manifest
 
     def shared_vectors(self, fingerprint: str, keys: list[str]) -> dict[str, np.ndarray]:

@@ -72,7 +72,7 @@ if TYPE_CHECKING:
 
     from ..config import Project
     from ..index.lexical import PostingsBM25
-    from ..index.vectors import HnswParams, VectorIndex
+    from ..index.vectors import HnswParams, Pieces, Questions, VectorIndex
     from ..types import Manifest, Record
 
 # The tables, as migrations: version N is reached by running MIGRATIONS[N - 1] on version N - 1 (a
@@ -718,7 +718,8 @@ class PgStore(LocalDerivedState):
 
     def commit(self, *, ids: list[str], hashes: list[str], vectors: "np.ndarray", embedding: dict[str, Any],
                params: "HnswParams", alpha: float, previous: "Manifest | None", base: "VectorIndex | None" = None,
-               rebuilt: bool = False, side_weight: "dict[str, Any] | None" = None) -> "Manifest":
+               rebuilt: bool = False, side_weight: "dict[str, Any] | None" = None,
+               pieces: "Pieces | None" = None, questions: "Questions | None" = None) -> "Manifest":
         """Under the lock: publish the rows to the database (so its index covers every vector this
         machine searches with), then commit this machine's generation.  The HNSW index is never built
         here (a build waits for every older transaction in the database, and would hold every writer
@@ -751,7 +752,8 @@ class PgStore(LocalDerivedState):
         ensure_dir(self.folder)
         return self.cache.commit(ids=ids, hashes=hashes, vectors=vectors, embedding=embedding, params=params,
                                  alpha=alpha, previous=previous, base=base, rebuilt=rebuilt, side_weight=side_weight,
-                                 extra={"candidates": {"engine": "pgvector", "covered": covered}})
+                                 extra={"candidates": {"engine": "pgvector", "covered": covered}}, pieces=pieces,
+                                 questions=questions)
 
     def _before_bulk(self, fingerprint: str, keys: list[str]) -> bool:
         """Drop the HNSW index before a batch that would cost more to insert into it row by row

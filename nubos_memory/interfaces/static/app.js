@@ -1,0 +1,16 @@
+// The store browser's only script (interfaces/browser.py): "/" focuses the search box, as on many sites.
+// Every page works without it.
+document.addEventListener("keydown", function (event) {
+  var target = event.target;
+  var typing = target && (target.tagName === "INPUT" || target.tagName === "TEXTAREA" || target.tagName === "SELECT");
+  if (event.key === "/" && !typing && !event.ctrlKey && !event.metaKey && !event.altKey) {
+    var box = document.getElementById("q");
+    if (box) {
+      event.preventDefault();
+      box.focus();
+      box.select();
+    } else {
+      window.location.href = "/";
+    }
+  }
+});

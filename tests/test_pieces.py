@@ -1,0 +1,198 @@
+"""Best-piece scoring of long records (issue 24; index/vectors.py, adr/0002), and HyPE's questions
+(issue 26: a record with questions scores the better of its own cosine and its closest question's).
+
+A record longer than the model's window is embedded in pieces; its cosine with a query is
+``λ·best piece + (1 − λ)·pooled``.  The hash double never cuts a text, so these tests use
+``ParagraphHashEmbedder``: the hash double cutting at blank lines, pooling as the model pools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nubos_memory.api.memory import Memory
+from nubos_memory.config import load_project
+from nubos_memory.embed.hashing import HashEmbedder, ParagraphHashEmbedder
+from nubos_memory.index.vectors import PIECE_LAMBDA, PIECE_RULE
+from nubos_memory.records import embed_text
+from nubos_memory.store.inmemory import InMemoryStore
+
+TOPICS = [
+    "Deploy checklist: tag the release, build the wheel, upload it to the registry mirror",
+    "Database notes: vacuum the orders table weekly and watch autovacuum thresholds closely",
+    "Frontend quirks: the tooltip flickers when hovering over disabled buttons in Safari",
+    "Cache incident: redis evictions spiked after the session keys lost their expiry",
+]
+LONG = {"type": "handoff", "title": "Session handoff", "body": "\n\n".join(TOPICS)}
+SHORT = [
+    {"type": "learning", "title": title, "body": body}
+    for title, body in [
+        ("Redis evictions", "spiked on Monday"),
+        ("Rate limits", "redis is used for rate limiting in the gateway service"),
+        ("Cookies", "session cookies are signed with the rotating key"),
+        ("Config", "keys in the config store are namespaced per tenant"),
+        ("Tokens", "the expiry of API tokens is one hour"),
+        ("Latency", "spiked latency on Mondays comes from the batch import"),
+    ]
+]
+QUERY = "redis evictions spiked after the session keys lost their expiry"
+
+
+class Paragraphs(ParagraphHashEmbedder):
+    def __init__(self) -> None:
+        super().__init__("hash-256")
+
+
+@pytest.fixture
+def memory(project: Path) -> Memory:
+    return Memory(load_project(project), embedder=Paragraphs(), store=InMemoryStore(lock_timeout=2.0))
+
+
+def _hit(res, rid):
+    return next(h for h in res["hits"] if h["id"] == rid)
+
+
+def test_a_several_topic_record_scores_by_its_best_piece_mixed_with_its_pooled_vector(memory: Memory):
+    ids = memory.index([LONG, *SHORT])["ids"]
+    query = QUERY
+    res = memory.query(query, mode="vector", k=10, explain=True)
+    emb = Paragraphs()
+    q = emb.embed([query])[0]
+    pooled, parts = emb.embed_parts([embed_text({**LONG, "id": ids[0]})])
+    pooled_cos = float(pooled[0] @ q)
+    best = float(max(parts[0] @ q))
+    want = PIECE_LAMBDA * best + (1 - PIECE_LAMBDA) * pooled_cos
+    assert _hit(res, ids[0])["explain"]["vector"]["cosine"] == pytest.approx(want, abs=1e-3)
+    # The pooled vector alone would rank it below a short note; its best piece puts it first.
+    shorts = [float(v @ q) for v in emb.embed([embed_text({**r, "id": "x"}) for r in SHORT])]
+    assert pooled_cos < max(shorts) < want
+    assert res["hits"][0]["id"] == ids[0]
+    # A one-piece record scores by its one vector, as before.
+    note = _hit(res, ids[1 + int(np.argmax(shorts))])
+    assert note["explain"]["vector"]["cosine"] == pytest.approx(max(shorts), abs=1e-3)
+
+
+def _pieces_by_id(memory: Memory) -> dict[str, list[str]]:
+    manifest, index = memory.store.load_current()
+    assert manifest is not None and index is not None and index.pieces is not None
+    assert manifest["pieces"]["rule"] == PIECE_RULE and manifest["pieces"]["rows"] == len(index.pieces)
+    return {rid: [hashlib.sha256(np.asarray(v).tobytes()).hexdigest() for v in index.pieces.rows_of(label)]
+            for label, rid in enumerate(index.ids)}
+
+
+def test_writes_keep_the_pieces_a_rebuild_makes(memory: Memory):
+    other = {**LONG, "title": "Second handoff", "body": "\n\n".join(reversed(TOPICS[:3]))}
+    for record in [SHORT[0], LONG, SHORT[1], other]:  # one write each: every commit extends the generation
+        memory.add(record)
+    written = _pieces_by_id(memory)
+    assert sorted(len(v) for v in written.values()) == [0, 0, 3, 4]
+    memory.rebuild()
+    assert _pieces_by_id(memory) == written
+    assert memory.stats()["pieces"] == {"rule": PIECE_RULE, "lambda": PIECE_LAMBDA, "rows": 7, "questions": None}
+
+
+def test_a_rebuild_writes_the_same_piece_files_twice(project: Path):
+    mem = Memory.open(project, embedder=Paragraphs())
+    mem.index([LONG, *SHORT])
+    folder = mem.store.folder
+
+    def digests() -> dict[str, str]:
+        mem.rebuild()
+        return {p.name.split("-")[0]: hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in folder.iterdir() if p.name.startswith(("pieces-", "keymap-", "vectors-"))}
+
+    first = digests()
+    assert set(first) == {"pieces", "keymap", "vectors"}
+    assert digests() == first
+
+
+def test_a_generation_from_before_pieces_scores_pooled_until_rebuild(memory: Memory):
+    ids = memory.index([LONG, SHORT[0]])["ids"]
+    store = memory.store
+    manifest, index = store.load_current()
+    assert manifest is not None and index is not None
+    with store.lock("memory-rebuild"):  # what an older version wrote: the same rows, no pieces
+        store.commit(ids=list(index.ids), hashes=list(index.hashes), vectors=np.asarray(index.vectors),
+                     embedding=dict(manifest["embedding"]), params=memory.vectors.params, alpha=0.3, previous=None)
+    memory.add({**LONG, "title": "Another handoff"})  # extends it: still none
+    manifest, index = store.load_current()
+    assert manifest is not None and "pieces" not in manifest and index is not None and index.pieces is None
+    assert memory.stats()["pieces"]["rule"] is None
+    query = QUERY
+    q = Paragraphs().embed([query])[0]
+    before = _hit(memory.query(query, mode="vector", explain=True), ids[0])["explain"]["vector"]["cosine"]
+    assert before == pytest.approx(float(index.vectors[0] @ q), abs=1e-3)
+    memory.rebuild()
+    after = _hit(memory.query(query, mode="vector", explain=True), ids[0])["explain"]["vector"]["cosine"]
+    assert after > before + 0.05
+    assert memory.stats()["pieces"]["rows"] == 8
+
+
+def test_an_embedder_that_never_cuts_keeps_an_empty_rule(project: Path):
+    mem = Memory(load_project(project), embedder=HashEmbedder("hash-256"), store=InMemoryStore(lock_timeout=2.0))
+    mem.index([LONG, *SHORT])
+    manifest, index = mem.store.load_current()
+    assert manifest is not None and manifest["pieces"]["rows"] == 0
+    assert index is not None and index.best_pieces(np.ones(256, dtype=np.float32)) is None
+
+
+# -- HyPE: the questions a record answers (issue 26; api/hype.py writes them to the log) ----------------------
+ASKED = "why did the nightly export job run out of disk space"
+
+
+def _ask(memory: Memory, rid: str, questions: list[str]) -> None:
+    """What ``memory-hype`` appends for a record (a questions op), and the write-side sync after it."""
+    from nubos_memory.log import questions_op
+
+    with memory.store.lock("memory-hype"):
+        memory.store.append([], [questions_op(rid, questions, "test-model")])
+    memory.scan()
+    memory.vectors.sync(None, cap=0, blocking=True, verb="memory-hype")
+
+
+def test_a_record_scores_the_better_of_its_own_cosine_and_its_closest_questions(memory: Memory):
+    ids = memory.index([{"type": "learning", "title": "Export volume", "body": "tmpfs was 2 GB; raised to 20 GB"},
+                        *SHORT])["ids"]
+    emb = Paragraphs()
+    q = emb.embed([ASKED])[0]
+    own = float(emb.embed([embed_text({"title": "Export volume", "body": "tmpfs was 2 GB; raised to 20 GB"})])[0] @ q)
+    before = _hit(memory.query(ASKED, mode="vector", k=10, explain=True), ids[0])["explain"]["vector"]["cosine"]
+    assert before == pytest.approx(own, abs=1e-3)
+    questions = ["why did the nightly export run out of disk", "how big is the export volume"]
+    _ask(memory, ids[0], questions)
+    res = memory.query(ASKED, mode="vector", k=10, explain=True)
+    closest = max(float(v @ q) for v in emb.embed(questions))
+    assert closest > own + 0.2
+    assert _hit(res, ids[0])["explain"]["vector"]["cosine"] == pytest.approx(closest, abs=1e-3)
+    assert res["hits"][0]["id"] == ids[0]
+    manifest, index = memory.store.load_current()
+    assert manifest is not None and manifest["questions"]["rows"] == 2 and index is not None
+    assert index.questions is not None and index.questions.rows.owner.tolist() == [0, 0]
+    assert memory.stats()["pieces"]["questions"]["rows"] == 2
+    # A later write keeps them; a rebuild makes the same rows from the log, never asking a generator.
+    memory.add({"type": "learning", "title": "Unrelated", "body": "the linter runs on commit"})
+    assert memory.store.load_current()[1].questions.rows.owner.tolist() == [0, 0]
+    kept = np.asarray(memory.store.load_current()[1].questions.rows.vectors).copy()
+    memory.rebuild()
+    again = memory.store.load_current()[1]
+    assert again.questions is not None and np.allclose(np.asarray(again.questions.rows.vectors), kept)
+    assert _hit(memory.query(ASKED, mode="vector", k=10, explain=True), ids[0])["explain"]["vector"]["cosine"] \
+        == pytest.approx(closest, abs=1e-3)
+
+
+def test_a_rebuild_writes_the_same_question_file_twice(project: Path):
+    mem = Memory.open(project, embedder=Paragraphs())
+    ids = mem.index([LONG, *SHORT])["ids"]
+    _ask(mem, ids[2], ["who signs the session cookies", "what rotates"])
+    folder = mem.project.memory_dir
+
+    def digest() -> str:
+        mem.rebuild()
+        return next(hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()
+                    if p.name.startswith("questions-"))
+
+    assert digest() == digest()
