@@ -6,7 +6,7 @@ threads, each on its own keep-alive connection, sending a mix of /v1/query (60 %
 /v1/get (10 %), /v1/context (10 %) and GET /v1/stats (5 %) for --duration seconds.  Counts every
 request and every error (any status but 200), then stops the server and checks that every write it
 acknowledged is in the log (no lost write).  Prints the result as JSON and writes it to
-bench/results/http-<date>.json.
+bench/results/http-<date>.json; exits 1 when any request failed or any acknowledged write was lost.
 Run: .venv/bin/python bench/bench_http.py [--duration 60] [--clients 8] [--records 2000]
 """
 
@@ -127,7 +127,8 @@ def lost_writes(root: Path, written: list[str]) -> list[str]:
     return lost
 
 
-def main() -> None:
+def main() -> int:
+    """Run the benchmark; the exit status is 1 when a request failed or an acknowledged write was lost."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--clients", type=int, default=8)
@@ -169,9 +170,13 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         target = REPO / "bench" / "results" / f"http-{result['date']}.json"
         target.write_text(json.dumps(result, indent=2) + "\n")
+        if errors or lost:
+            print(f"FAILED: {len(errors)} request error(s), {len(lost)} lost write(s)", file=sys.stderr)
+            return 1
+        return 0
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

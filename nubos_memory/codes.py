@@ -60,6 +60,8 @@ CONFIG_INVALID_VALUE = _code("config-invalid-value", "a config value is of the w
 CONFIG_UNKNOWN_KEY = _code("config-unknown-key", "a config file holds a key nubos-memory does not know")
 CONFIG_UNTRUSTED_URL = _code("config-untrusted-url", "a non-loopback memory.base_url was given by the project's "
                               "config; only the user's settings or environment may name one")
+API_KEY_INVALID = _code("api-key-invalid", "the gateway's or the generator's API key holds a control, non-ASCII "
+                        "or blank character; it is never sent nor quoted (details name its variable)")
 PROJECT_NOT_FOUND = _code("project-not-found", "no project (a folder with .nubos-pilot/) at or above --root")
 MEMORY_DISABLED = _code("memory-disabled", "memory.enabled is false: nothing is loaded or written")
 

@@ -64,3 +64,4 @@ HTTP_READ_TIMEOUT_S = 60.0  # seconds a read verb may take before the answer is 
 HTTP_WORKERS = 8  # verbs running at once (each on a thread; reads and writes then queue as in memory-serve)
 HTTP_MAX_CONNECTIONS = 64  # open connections and requests in flight: 503 beyond (uvicorn's limit_concurrency)
 HTTP_KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this many seconds
+HTTP_HEADER_TIMEOUT_S = 10.0  # seconds a connection may take to send a request's headers: closed beyond

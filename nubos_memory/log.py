@@ -82,7 +82,7 @@ import hashlib
 import secrets
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
 from . import codes
@@ -602,6 +602,52 @@ def read(data: bytes) -> LogScan:
     """The state of a whole log held in ``data`` (a ``records.jsonl`` to import)."""
     scan = LogScan()
     feed(scan, data)
+    return scan
+
+
+# What a reader holds of a log's state at ``applied`` (``state_doc``): every field of ``LogScan`` but the
+# store's cursor, the process's generation and the unfinished tail (read again from ``applied``).
+_NOT_KEPT = ("cursor", "generation", "partial_tail")
+_INT_KEYS = ("dead", "questions")  # dicts keyed by record position: kept as [position, value] pairs
+_INT_SETS = ("hot", "redaction_checked")
+
+
+def state_doc(scan: LogScan) -> dict[str, Any]:
+    """The state the applied lines amount to, as a JSON document (a store may keep it so that a new
+    process need not read the whole log again: ``store/checkpoint.py``); :func:`from_state_doc` inverts it."""
+    doc: dict[str, Any] = {}
+    for f in fields(LogScan):
+        if f.name in _NOT_KEPT:
+            continue
+        value = getattr(scan, f.name)
+        if f.name in _INT_KEYS:
+            value = [[k, v] for k, v in value.items()]
+        elif f.name in _INT_SETS:
+            value = sorted(value)
+        elif f.name == "redacted":
+            value = {rid: {**info, "hashes": sorted(info["hashes"])} for rid, info in value.items()}
+        doc[f.name] = value
+    doc["size"] = scan.applied  # what follows is read again
+    return doc
+
+
+def from_state_doc(doc: dict[str, Any]) -> LogScan:
+    """The state :func:`state_doc` wrote (KeyError/TypeError/ValueError: not one)."""
+    kept: dict[str, Any] = {}
+    for f in fields(LogScan):
+        if f.name in _NOT_KEPT:
+            continue
+        value = doc[f.name]
+        if f.name in _INT_KEYS:
+            value = {int(k): v for k, v in value}
+        elif f.name in _INT_SETS:
+            value = {int(p) for p in value}
+        elif f.name == "redacted":
+            value = {rid: {**info, "hashes": set(info["hashes"])} for rid, info in value.items()}
+        kept[f.name] = value
+    scan = LogScan(**kept)
+    if not (isinstance(scan.records, list) and isinstance(scan.applied, int) and len(scan.line_of) == len(scan.records)):
+        raise ValueError("not a log state")
     return scan
 
 

@@ -5,7 +5,9 @@
   request, one retry of a refused connection, a reset or a 5xx/429 within the call's budget (a timeout
   is not retried: a server that stopped answering costs one timeout), an answer size cap, and never a
   redirect (it would carry the key elsewhere).  The key goes in a bearer header and is scrubbed from
-  every message (:meth:`JsonClient.scrub`).
+  every message (:meth:`JsonClient.scrub`); surrounding whitespace (a trailing newline read from a
+  file) is stripped, and a key holding any other character a header cannot carry is refused
+  (``api-key-invalid``, :func:`clean_key`) before anything is sent, without quoting it.
 * :class:`Breaker`: the circuit breaker, shared by every process of this user through one small file.
   States: *closed* (calls go through; consecutive failures are counted), *open* (after ``failures``
   consecutive failed calls, or one failed start-up probe: no call is made until ``reopens_at``, so a
@@ -23,6 +25,7 @@ only from the user) is ``config.user_url`` and ``config.user_key_env``.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import time
 import urllib.error
@@ -30,6 +33,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from . import codes
+from .errors import ConfigError
 from .fsio import JSONDecodeError, atomic_write_bytes, dumps, ensure_dir, loads, read_regular
 
 RETRY_PAUSE_S = 0.2
@@ -56,12 +61,33 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirect)
 
 
+def clean_key(key: str | None, env: str | None) -> str | None:
+    """The key as sent: without surrounding whitespace, None when nothing is left.  A key with a control,
+    non-ASCII or inner blank character is refused (``api-key-invalid``): ``http.client`` would refuse the
+    header with a message that quotes it.  The message names the variable ``env``, never the key."""
+    if key is None:
+        return None
+    key = key.strip()
+    if not key:
+        return None
+    if not all("\x21" <= c <= "\x7e" for c in key):
+        where = f" in ${env}" if env else ""
+        raise ConfigError(f"the key{where} holds a control, non-ASCII or blank character, which an HTTP header "
+                          "cannot carry; it was not sent (set the variable to the key alone)",
+                          code=codes.API_KEY_INVALID, details={"env": env})
+    return key
+
+
 class JsonClient:
     """POSTs JSON to ``{base_url}/{path}`` (see module docstring); ``requests`` counts what was sent."""
 
-    def __init__(self, base_url: str, *, key: str | None, timeout_s: float, budget_s: float):
+    def __init__(self, base_url: str, *, key: str | None, timeout_s: float, budget_s: float,
+                 key_env: str | None = None):
         self.base_url = base_url.rstrip("/")
-        self._key = key or None
+        self._key = clean_key(key, key_env)
+        # every form of the key a message might carry (as given, as sent, as Python quotes it), longest first
+        forms = {f for k in (key, self._key) if k for f in (k, repr(k)[1:-1], k.strip()) if f.strip()}
+        self._forms = sorted(forms, key=len, reverse=True)
         self.timeout_s = min(timeout_s, budget_s)
         self.budget_s = budget_s  # one call, its retry included, never takes longer
         self.requests = 0
@@ -71,8 +97,10 @@ class JsonClient:
         return self._key is not None
 
     def scrub(self, text: str) -> str:
-        """``text`` without the key (a server may echo what it was sent)."""
-        return text.replace(self._key, "***") if self._key else text
+        """``text`` without the key in any of its forms (a server may echo what it was sent)."""
+        for form in self._forms:
+            text = text.replace(form, "***")
+        return text
 
     def post(self, path: str, payload: dict[str, Any]) -> Any:
         """The parsed JSON answer; :class:`Failed` when the request (and its one retry) failed."""
@@ -108,8 +136,11 @@ class JsonClient:
             timed_out = isinstance(exc.reason, TimeoutError)
             why = f"no answer within {timeout:.1f} s" if timed_out else f"cannot connect ({exc.reason})"
             raise Failed(why, retry=not timed_out) from None
-        except (OSError, ValueError) as exc:  # a reset connection, a malformed answer line
+        except OSError as exc:  # a reset connection
             raise Failed(f"the connection failed ({exc})", retry=True) from None
+        except (ValueError, http.client.HTTPException) as exc:  # a malformed request or answer line: its message
+            # may quote a header (the key), so only the kind is said
+            raise Failed(f"the request or its answer is malformed ({type(exc).__name__})", retry=True) from None
         try:
             return json.loads(raw)
         except ValueError:

@@ -55,6 +55,7 @@ class ChatServer:
         self.fail_status: int | None = None
         self.garbage = False
         self.echo_key = False  # a failure's body quotes the Authorization header (the key must never reach output)
+        self.empty_merge = False  # a merge answers its title with an empty body (a summary that lost the text)
         self.requests: list[dict[str, Any]] = []
         self.port = 0
         self._httpd: ThreadingHTTPServer | None = None
@@ -68,6 +69,8 @@ class ChatServer:
         task = system.split("\n", 1)[0].removeprefix("Task: ").strip()
         content = (_questions(system, user) if task == "questions" else _merge(user) if task == "merge"
                    else _harvest(user))
+        if task == "merge" and self.empty_merge:
+            content["body"] = ""
         return {"id": "chatcmpl-test", "object": "chat.completion", "model": f"{payload['model']}-served",
                 "choices": [{"index": 0, "finish_reason": "stop",
                              "message": {"role": "assistant", "content": "```json\n" + json.dumps(content) + "\n```"}}]}

@@ -63,14 +63,14 @@ class Served:
 
 @contextlib.contextmanager
 def serve(root: Path, host: str = "127.0.0.1", **app: Any) -> Iterator[Served]:
-    """memory-http on a free port, in this process (uvicorn on a thread), stopped afterwards."""
-    import uvicorn
-
+    """memory-http on a free port, in this process (uvicorn on a thread, as run_http configures it), stopped
+    afterwards."""
     service, guard, sock, _ = H.prepare_server(str(root), host, 0, [])
     for key in ("read_timeout", "workers"):
         if key in app:
             setattr(service, key, app.pop(key))
-    server = uvicorn.Server(uvicorn.Config(H.build_app(service, guard, **app), log_level="warning", lifespan="on"))
+    header_timeout = app.pop("header_timeout", H.HTTP_HEADER_TIMEOUT_S)
+    server = H.make_server(H.build_app(service, guard, **app), header_timeout=header_timeout)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -296,9 +296,95 @@ def test_non_loopback_bind_needs_the_token_on_every_request(project, monkeypatch
                                                       "Content-Type": "application/x-www-form-urlencoded"})
         assert status == 303 and "httponly" in headers["set-cookie"].lower()
         cookie = headers["set-cookie"].split(";")[0]
-        assert running.request("GET", "/v1/stats", headers={"Authorization": None, "Cookie": cookie})[0] == 200
-        assert running.request("GET", "/v1/stats", headers={"Authorization": None,
-                                                            "Cookie": f"{H.COOKIE}=wrong"})[0] == 401
+        assert running.request("GET", "/health", headers={"Authorization": None, "Cookie": cookie})[0] == 200
+        assert running.request("GET", "/health", headers={"Authorization": None,
+                                                          "Cookie": f"{running.guard.cookie_name}=wrong"})[0] == 401
+
+
+def test_the_browser_cookie_is_not_the_token_and_opens_the_pages_only(project, monkeypatch):
+    """The cookie holds HMAC-SHA256(token, "browser"), is named with the port (a browser sends a host's cookies
+    to all its ports), and is taken on the browser's pages only: never by /v1, /api or /mcp."""
+    monkeypatch.setenv(H.TOKEN_ENV, TOKEN)
+    with serve(project, host="0.0.0.0") as running:
+        status, headers, _ = running.request("POST", "/login", raw=f"token={TOKEN}".encode(),
+                                             headers={"Authorization": None,
+                                                      "Content-Type": "application/x-www-form-urlencoded"})
+        assert status == 303
+        name, _, value = headers["set-cookie"].split(";")[0].partition("=")
+        assert name == f"{H.COOKIE}_{running.port}" and TOKEN not in value
+        assert value == hmac.new(TOKEN.encode(), b"browser", "sha256").hexdigest()
+        only_cookie = {"Authorization": None, "Cookie": f"{name}={value}"}
+        for path in ("/", "/health"):
+            assert running.request("GET", path, headers=only_cookie)[0] == 200, path
+        for method, path in (("GET", "/v1/stats"), ("GET", "/v1"), ("GET", "/api/knowledge/stats"),
+                             ("POST", "/v1/query"), ("POST", "/mcp")):
+            assert running.request(method, path, {}, headers=only_cookie)[0] == 401, path
+        # the token itself in the cookie, or the cookie of another port, is nothing
+        assert running.request("GET", "/", headers={"Authorization": None, "Cookie": f"{name}={TOKEN}"})[0] == 401
+        other = f"{H.COOKIE}_{running.port + 1}={value}"
+        assert running.request("GET", "/", headers={"Authorization": None, "Cookie": other})[0] == 401
+        # a wrong token at /login sets nothing
+        status, headers, _ = running.request("POST", "/login", raw=b"token=" + b"u" * 40,
+                                             headers={"Authorization": None,
+                                                      "Content-Type": "application/x-www-form-urlencoded"})
+        assert status == 401 and "set-cookie" not in headers
+        # the login page's style sheet and script need no token
+        status, headers, css = running.request("GET", "/static/style.css", headers={"Authorization": None})
+        assert status == 200 and headers["x-content-type-options"] == "nosniff" and css
+        assert running.request("GET", "/static/nope.js", headers={"Authorization": None})[0] == 404
+    from nubos_memory.interfaces import browser
+
+    pages = {r.path for r in browser.routes(None, None)} - {"/static/{name}"}  # type: ignore[arg-type]
+    assert pages == browser.PAGES
+
+
+def test_browsing_is_not_use(served, project):
+    """The store browser's search and record pages record no usage (memory-prune --unused-for counts use);
+    the API's query does."""
+    ids = seed(project)
+    assert served.request("GET", "/?q=jwt")[0] == 200
+    assert served.request("GET", f"/record?id={ids['jwt']}")[0] == 200
+    used = Memory.open(project).store.usage.summary()[1]
+    assert ids["jwt"] not in used
+    assert served.post("/v1/query", {"text": "jwt", "mode": "lexical"})[0] == 200
+    assert ids["jwt"] in Memory.open(project).store.usage.summary()[1]
+
+
+def test_answers_are_nosniff_and_the_flash_is_a_fixed_message(served, project):
+    ids = seed(project)
+    for path, body in (("/v1/query", {"text": "jwt"}), ("/v1/query", {"text": "jwt", "format": "markdown"}),
+                       ("/v1/nope", {})):
+        assert served.post(path, body)[1]["x-content-type-options"] == "nosniff", path
+    refused = served.request("GET", "/v1/stats", headers={"Host": "evil.example"})
+    assert refused[0] == 421 and refused[1]["x-content-type-options"] == "nosniff"
+    _, _, html = served.request("GET", f"/record?id={ids['jwt']}&done=pinned")
+    assert "Done: pinned." in html
+    _, _, html = served.request("GET", f"/record?id={ids['jwt']}&done=the+record+was+rewritten+by+admin")
+    assert "Done:" not in html and "rewritten" not in html
+
+
+def test_the_guard_refuses_websockets():
+    """The server takes no WebSocket (uvicorn is run with ws="none"); a scope that is not HTTP never reaches
+    the app, whatever its path."""
+    import asyncio
+
+    reached: list[Any] = []
+    sent: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["type"])
+
+    async def receive() -> Any:
+        return {"type": "websocket.connect"}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    shield = H.Shield(app, H.Guard(port=1, hosts=frozenset({"127.0.0.1"})))
+    asyncio.run(shield({"type": "websocket", "path": "/mcp", "headers": [(b"host", b"127.0.0.1:1")]}, receive, send))
+    assert reached == [] and sent == [{"type": "websocket.close", "code": 1008}]
+    asyncio.run(shield({"type": "lifespan"}, receive, send))
+    assert reached == ["lifespan"]
 
 
 def test_the_token_is_compared_in_constant_time(monkeypatch):
@@ -402,6 +488,36 @@ def test_bodies_are_bounded_in_size_and_time(project):
             assert time.monotonic() - started < 5
 
 
+def test_connections_that_never_finish_their_headers_are_closed(project):
+    """Slowloris: more connections than the server keeps, each sending part of its headers and then nothing,
+    are closed once the header deadline passes, and a normal request is answered (not 503) afterwards."""
+    deadline = 1.0
+    with serve(project, header_timeout=deadline) as running:
+        idle = []
+        for _ in range(H.HTTP_MAX_CONNECTIONS + 6):
+            conn = socket.create_connection(("127.0.0.1", running.port), timeout=10)
+            conn.sendall(f"GET /v1/stats HTTP/1.1\r\nHost: 127.0.0.1:{running.port}\r\n".encode())
+            idle.append(conn)
+        started = time.monotonic()
+        try:
+            for conn in idle:
+                conn.settimeout(max(0.1, deadline + 5 - (time.monotonic() - started)))
+                with contextlib.suppress(ConnectionResetError):
+                    while conn.recv(65536):  # nothing comes: the server closes it (recv gives b"")
+                        pass
+            assert time.monotonic() - started < deadline + 5  # every one closed (a timeout would raise)
+        finally:
+            for conn in idle:
+                conn.close()
+        assert running.request("GET", "/v1/stats")[0] == 200
+        # A request that completes its headers in time is answered, on a connection open a while.
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
+            raw.sendall(f"GET /v1/stats HTTP/1.1\r\nHost: 127.0.0.1:{running.port}\r\n".encode())
+            time.sleep(deadline / 2)
+            raw.sendall(b"Connection: close\r\n\r\n")
+            assert raw.recv(12) == b"HTTP/1.1 200"
+
+
 def test_a_read_verb_that_takes_too_long_is_answered_with_a_timeout(project):
     """A read verb past its time is ``http-timeout`` (504): here the memory's reader is held elsewhere."""
     seed(project)
@@ -443,6 +559,7 @@ def test_the_limits_come_from_limits_py():
 
     assert H.Service.workers == limits.HTTP_WORKERS and H.Service.read_timeout == limits.HTTP_READ_TIMEOUT_S
     assert H.Shield.__init__.__defaults__ == (limits.HTTP_MAX_BODY, limits.HTTP_BODY_TIMEOUT_S)
+    assert H.make_server.__kwdefaults__ == {"header_timeout": limits.HTTP_HEADER_TIMEOUT_S}
 
 
 def test_a_token_in_the_environment_is_asked_on_loopback_too(project, monkeypatch):

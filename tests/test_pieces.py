@@ -196,3 +196,23 @@ def test_a_rebuild_writes_the_same_question_file_twice(project: Path):
                     if p.name.startswith("questions-"))
 
     assert digest() == digest()
+
+
+def test_questions_follow_the_log_when_an_id_is_forgotten_and_revived(memory: Memory):
+    """A record that takes over a forgotten id has none of the old record's questions: the generation keeps
+    exactly the log's (found by review: the old rows kept scoring the new record until memory-rebuild)."""
+    for body in ("tmpfs was 2 GB; raised to 20 GB", "sandwiches on friday"):  # a new text, then the same one
+        rid = memory.index([{"id": "rec-one", "type": "learning", "title": "Export volume",
+                             "body": "tmpfs was 2 GB; raised to 20 GB"}, SHORT[1]], force=True)["ids"][0]
+        _ask(memory, rid, ["why did the nightly export run out of disk"])
+        assert memory.store.load_current()[1].questions is not None
+        memory.forget([rid])
+        memory.index([{"id": rid, "type": "learning", "title": "Export volume" if "tmpfs" in body else "Lunch",
+                       "body": body}], force=True)
+        manifest, index = memory.store.load_current()
+        assert index is not None and index.questions is None and "questions" not in manifest
+        hit = _hit(memory.query(ASKED, mode="vector", k=10, explain=True), rid)
+        live = memory.get([rid], track=False)["records"][0]["record"]
+        own = float(Paragraphs().embed([embed_text(live)])[0] @ Paragraphs().embed([ASKED])[0])
+        assert hit["explain"]["vector"]["cosine"] == pytest.approx(own, abs=1e-3)
+        memory.forget([rid])

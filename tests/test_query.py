@@ -253,6 +253,12 @@ def test_hnsw_path_gives_the_exact_answer_on_a_small_memory(project, monkeypatch
 
     monkeypatch.setattr(vi, "EXACT_LIMIT", 0)
     monkeypatch.setattr(vi.VectorIndex, "hnsw", spy)
+    # A one-shot call (the CLI) scans instead of loading the graph for one answer (issue 27) ...
+    scanned = [query(project, "--explain", q).json["hits"] for q in questions]
+    assert not calls, "a one-shot query loaded the graph"
+    assert scanned == exact
+    # ... the graph serves from its fifth search on (a batch write's checks; a long-lived process at once).
+    monkeypatch.setattr(vi, "SCANS_BEFORE_GRAPH", 0)
     approx = [query(project, "--explain", q).json["hits"] for q in questions]
     assert calls, "the HNSW path was not taken"
     assert [[(h["id"], h["score"]) for h in hits] for hits in approx] == \

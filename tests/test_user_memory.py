@@ -180,9 +180,26 @@ def test_an_unsafe_data_folder_is_refused(both: Path, user_data_home: Path):
     code, _, err = run_cli(["memory-add", "--root", str(both), "--type", "learning", "--title", "x", "--body", "",
                             "--scope", "user"])
     assert code == 7 and err["code"] == "user-memory-unavailable"
-    assert "writable by group or others" in err["message"] or err["details"]
+    assert "writable by group or others" in json.dumps(err)
     assert not (user_data_home / "nubos-memory" / "user" / ".nubos-pilot" / "memory" / "records.jsonl").exists()
+    # A read that names the user memory says it is refused (not "missing"); a read over all says so too.
+    code, _, err = run_cli(["memory-query", "--root", str(both), "x", "--scope", "user"])
+    assert err["code"] == "user-memory-unavailable"
+    out = run_cli(["memory-query", "--root", str(both), "x"]).json
+    assert out["scope"]["memories"] == ["project"]
+    assert "user-memory-unavailable" in [w["code"] for w in out["warnings"]]
     os.chmod(user_data_home / "nubos-memory", 0o700)
+    assert "user-memory-unavailable" not in [w["code"] for w in run_cli(["memory-query", "--root", str(both),
+                                                                          "x"]).json["warnings"]]
+
+
+def test_the_user_memorys_own_folder_opened_as_a_project_is_read_once(both: Path, user_data_home: Path):
+    add(both, "a user note about tabs", "", "--scope", "user")
+    assert run_cli(["memory-init", "--root", str(user_dir(user_data_home))]).code == 0
+    res = run_cli(["memory-query", "--root", str(user_dir(user_data_home)), "user note tabs"])
+    assert res.code == 0, res.err
+    out = res.json
+    assert [h["title"] if "title" in h else h["record"]["title"] for h in out["hits"]] == ["a user note about tabs"]
 
 
 def test_library_and_scratch_memories(both: Path, monkeypatch: pytest.MonkeyPatch):
@@ -194,6 +211,10 @@ def test_library_and_scratch_memories(both: Path, monkeypatch: pytest.MonkeyPatc
     assert mem.for_scope("user").name == "user"
     scratch = Memory.open(both, embedder=HashEmbedder("hash-256"), user=False)
     assert scratch.query("rust lifetimes")["hits"] == []
+    for scope in ("user", "all"):  # asked of a memory opened without it: an error, never the project quietly
+        with pytest.raises(InputError) as exc:
+            scratch.query("rust lifetimes", scope=scope)
+        assert exc.value.code == "query-invalid-scope"
 
 
 def test_memory_eval_never_reads_the_user_memory(both: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -108,7 +108,9 @@ def harvest(mem: "Memory", path: str) -> dict[str, Any]:
                  "body": f"{summary['body']}\n\n{cite}".strip()})
     valid, refused = [], []
     for raw in raws:
-        raw.update(tags=tags, provenance="CITED")
+        # A fact is the model's reading of the transcript, not checked against a source: ASSUMED.  The summary
+        # cites the transcript it summarises (its digest is in its body).
+        raw.update(tags=tags, provenance="CITED" if raw["id"] == summary_id else "ASSUMED")
         try:
             valid += validate_batch([raw], mem.config.record_types)
         except InputError as exc:  # e.g. a fact that was only reasoning (record-only-reasoning)

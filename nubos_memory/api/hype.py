@@ -17,6 +17,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -161,16 +162,47 @@ def kept_ops(scan: LogScan) -> list[dict[str, Any]]:
             for p, q in sorted(scan.questions.items()) if p not in scan.dead]
 
 
+_children: set["subprocess.Popen[bytes]"] = set()  # started here and not yet reaped
+_children_lock = threading.Lock()
+
+
+def running() -> "list[subprocess.Popen[bytes]]":
+    """The ``memory-hype`` processes this process started that have not exited yet (the tests wait for them)."""
+    with _children_lock:
+        return list(_children)
+
+
+def _reap(proc: "subprocess.Popen[bytes]") -> None:
+    """Wait for a started worker so that a long-running server (memory-http, MCP) keeps no zombie."""
+    try:
+        proc.wait()
+    finally:
+        with _children_lock:
+            _children.discard(proc)
+
+
 def kick(mem: "Memory") -> bool:
     """After a write that added records: start a detached ``memory-hype`` for this project when HyPE runs in
-    the background; whether one was started.  A failure to start costs nothing but waiting questions."""
+    the background; whether one was started.  A failure to start costs nothing but waiting questions.
+
+    The project is not trusted: ``python -m`` would put the working directory (often the project) first on
+    ``sys.path``, so a repository's ``orjson.py`` would run.  The worker starts with ``-P`` (no unsafe path
+    is prepended; ``PYTHONPATH`` and the user's site-packages, both the user's own, still serve) in a folder
+    of this user (the cache folder, else ``/``), and a daemon thread reaps it."""
+    from ..userdirs import user_cache_dir
+
     settings = mem.config.generator
     if not (settings.enabled and settings.questions > 0 and settings.background):
         return False
+    cache = user_cache_dir()
     try:
-        subprocess.Popen([sys.executable, "-m", "nubos_memory", VERB, "--root", str(mem.project.root)],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True, close_fds=True)
+        argv = [sys.executable, "-P", "-m", "nubos_memory", VERB, "--root", os.path.abspath(mem.project.root)]
+        proc = subprocess.Popen(argv, cwd=str(cache) if cache is not None else "/", stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                close_fds=True)
     except OSError:
         return False
+    with _children_lock:
+        _children.add(proc)
+    threading.Thread(target=_reap, args=(proc,), name="memory-hype-reaper", daemon=True).start()
     return True

@@ -442,8 +442,7 @@ class Memory:
         for hit in result["hits"]:
             hit["memory"] = self.name
         result["scope"] = usermemory.folders_read(self)  # the folders read, how found, branch and commit
-        if self.user_enabled:
-            result["scope"]["memories"] = ["project"]  # which memories were read (the user memory: not)
+        usermemory.note_project_only(self, result, scope)
         if branch is not None:
             result["query"]["filters"]["branch"] = branch
         weigh_freshness(result["hits"], self.anchors, self.config.stale_factor, explain=explain)

@@ -100,27 +100,23 @@ class Rebuild:
     def questions(self, scan: "LogScan", live: list[int], current: "VectorIndex | None"
                   ) -> dict[int, tuple[str, np.ndarray]]:
         """HyPE: each row's question vectors, from the log's questions (reused from ``current`` when made
-        from the same questions, else embedded: never a generator call)."""
-        wanted = {row: list(scan.questions[p]["questions"]) for row, p in enumerate(live)
-                  if p in scan.questions and scan.questions[p]["questions"]}
+        from the same questions, else embedded as ``VectorSync`` embeds them: never a generator call)."""
         out: dict[int, tuple[str, np.ndarray]] = {}
-        fresh: dict[int, list[str]] = {}
-        for row, items in wanted.items():
-            key = question_key(items)
-            label = current.label_of.get(scan.records[live[row]]["id"]) if current is not None else None
+        fresh: dict[str, list[str]] = {}
+        row_of: dict[str, int] = {}
+        for row, p in enumerate(live):
+            items = list(scan.questions[p]["questions"]) if p in scan.questions else []
+            if not items:
+                continue
+            rid, key = scan.records[p]["id"], question_key(items)
+            label = current.label_of.get(rid) if current is not None else None
             if current is not None and current.questions is not None and label is not None \
                     and current.questions.keys.get(label) == key:
                 out[row] = (key, current.questions.rows.rows_of(label))
             else:
-                fresh[row] = items
-        if fresh:
-            vecs = self.vectors.embed([t for items in fresh.values() for t in items])
-            at = 0
-            for row, items in fresh.items():
-                block = vecs[at: at + len(items)]
-                at += len(items)
-                if usable(block).all():
-                    out[row] = (question_key(items), block)
+                fresh[rid], row_of[rid] = items, row
+        for rid, block in self.vectors.embed_questions(fresh).items():
+            out[row_of[rid]] = (question_key(fresh[rid]), block)
         return out
 
     @staticmethod
@@ -144,7 +140,8 @@ class Rebuild:
         if self.config.side_weights != "auto" or rows.positions is None:
             return None
         return estimate(rows.records, np.asarray(rows.positions, dtype=np.int64), rows.vectors,
-                        self.snap.lexical_engine(), self.vectors.embedder.embed, floor=self.config.alpha)
+                        self.snap.lexical_engine(), self.vectors.embedder.embed, floor=self.config.alpha,
+                        embed_query=self.vectors.embedder.embed_query)
 
     def publish(self, rows: Rows, ours: "Embedding", side_weight: "dict[str, Any] | None" = None) -> "dict[str, Any]":
         """Under the lock: the new generation and a lexical index built from scratch; the new manifest."""

@@ -8,7 +8,9 @@ merges each group into one record (``generate.tasks.merge``); that record supers
 member and the others are retired with the reason ``summarised into <id>``, all in one change through
 the write path (``Memory.apply``).  The log is only appended to: every member stays in it, and
 ``memory-get --history`` shows what the summary replaced.  ``--dry-run`` asks the generator and shows
-each group before and after, and writes nothing.
+each group before and after, and writes nothing.  The summary is hot (pinned) when any member was.  A
+merge that comes back without a title, or without a body where a member had one, would lose what the
+group said: that group is skipped and listed under ``unusable`` with why.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def groups(mem: "Memory", *, type_: str | None, min_size: int, similarity: float
         members = [p for p in oldest_first if scan.records[p]["type"] == type_]
         if len(members) < min_size:
             return [], None
-        return [members[i: i + MAX_MEMBERS] for i in range(0, len(members), MAX_MEMBERS)], None
+        chunks = [members[i: i + MAX_MEMBERS] for i in range(0, len(members), MAX_MEMBERS)]
+        return [c for c in chunks if len(c) >= 2], None  # one record left over is no group: it stays as it is
     threshold = similarity if similarity is not None else mem.config.near_duplicate or 0.9
     state = mem.sync_vectors(None)
     if state.degraded is not None:
@@ -70,8 +73,9 @@ def _common(records: "list[Record]", key: str) -> Any:
     return records[-1].get(key) if len(values) == 1 else None
 
 
-def merged_record(members: "list[Record]", title: str, body: str) -> dict[str, Any]:
-    """The record that replaces ``members`` (oldest first): the majority type, every tag, what they share."""
+def merged_record(members: "list[Record]", title: str, body: str, *, hot: bool = False) -> dict[str, Any]:
+    """The record that replaces ``members`` (oldest first): the majority type, every tag, what they share,
+    and ``hot`` when any member was hot."""
     ids = sorted(r["id"] for r in members)
     tags = list(dict.fromkeys(t for r in members for t in r.get("tags") or []))[:MAX_TAGS]
     out: dict[str, Any] = {
@@ -81,7 +85,18 @@ def merged_record(members: "list[Record]", title: str, body: str) -> dict[str, A
     for key in ("phase", "provenance", "domain"):
         if _common(members, key) is not None:
             out[key] = _common(members, key)
+    if hot:
+        out["hot"] = True
     return out
+
+
+def _lost(members: "list[Record]", merged: dict[str, str]) -> str | None:
+    """Why a merge cannot replace its group (None: it can)."""
+    if not merged or not str(merged.get("title") or "").strip():
+        return "the generator gave no merged title"
+    if not str(merged.get("body") or "").strip() and any(str(r.get("body") or "").strip() for r in members):
+        return "the generator gave an empty body for members that had one"
+    return None
 
 
 def summarise(mem: "Memory", *, type_: str | None = None, min_size: int = 10, similarity: float | None = None,
@@ -98,14 +113,16 @@ def summarise(mem: "Memory", *, type_: str | None = None, min_size: int = 10, si
     gen = make_generator(mem.config)
     found, degraded = groups(mem, type_=type_, min_size=min_size, similarity=similarity)
     scan = mem.scan()
+    hot = set(scan.hot_positions())
     planned, unusable, records, forget, reasons = [], [], [], [], {}
     for group in found[:max_groups]:
         members = [scan.records[p] for p in group]
         merged = merge(gen, [(r["title"], r.get("body") or "") for r in members])
-        if not merged:
-            unusable.append([r["id"] for r in members])
+        why = _lost(members, merged)
+        if why is not None:
+            unusable.append({"ids": [r["id"] for r in members], "why": why})
             continue
-        new = merged_record(members, merged["title"], merged["body"])
+        new = merged_record(members, merged["title"], merged["body"], hot=any(p in hot for p in group))
         planned.append({"before": [{k: r.get(k) for k in ("id", "type", "title", "body", "created_at")}
                                    for r in members], "after": new})
         records.append(new)

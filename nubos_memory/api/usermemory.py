@@ -35,21 +35,24 @@ from ..errors import InputError, StoreError
 
 if TYPE_CHECKING:
     from ..search.syntax import Parsed
-    from ..types import Hit, QueryResult
+    from ..types import Hit, Problem, QueryResult
     from .memory import Memory
 
 USER = "user"  # the user memory's folder inside the data folder, and its name in answers
 PROJECT = "project"
+ALL = "all"
 FOUND = "user data folder"  # how the user memory's folder was found (scope.folders[].found)
 RECORDS = "records.jsonl"  # the log's name in a memory folder (the file store's)
 
 
-def user_root(*, write: bool = False) -> Path | None:
+def user_root(*, write: bool = False, strict: bool = False) -> Path | None:
     """Where the user memory lives (created owner-only when ``write``), or None when no safe data folder
-    exists; a folder there that others could change is refused (``user-memory-unavailable`` on a write)."""
+    exists; a folder there that others could change is refused (``user-memory-unavailable`` on a write,
+    and with ``strict``: a read that names the user memory, which must not answer "missing")."""
     base = userdirs.user_data_dir(write=write)
     if base is None:
-        if write:
+        refused = [r for r in userdirs.folder("data", write=False).refused or [] if r["why"] != "does not exist"]
+        if write or (strict and refused):
             raise StoreError("no safe user data folder can hold the user-level memory (memory-stats.user_folders "
                              "says what was refused)", code=codes.USER_MEMORY_UNAVAILABLE,
                              details={"folders": userdirs.describe()})
@@ -58,7 +61,7 @@ def user_root(*, write: bool = False) -> Path | None:
     why = userdirs.prepare(root, write=write)
     if why is None:
         return root
-    if write:
+    if write or (strict and why != "does not exist"):
         raise StoreError(f"the user-level memory's folder {root} {why}", code=codes.USER_MEMORY_UNAVAILABLE,
                          details={"path": str(root), "why": why})
     return None
@@ -95,7 +98,9 @@ def open_user(mem: "Memory", *, create: bool = False) -> "Memory":
     (a write); otherwise a missing one is ``user-memory-missing``."""
     from .memory import Memory
 
-    root = user_root(write=create)
+    if not mem.user_enabled:
+        raise not_served(USER)
+    root = user_root(write=create, strict=True)
     if root is None or not (create or exists()):
         raise InputError("there is no user-level memory yet; memory-add --scope user creates it",
                          code=codes.USER_MEMORY_MISSING,
@@ -108,12 +113,52 @@ def open_user(mem: "Memory", *, create: bool = False) -> "Memory":
 
 
 def reads(mem: "Memory", scope: str | None) -> list[str]:
-    """Which memories a read with ``scope`` covers (None: both once a user memory exists)."""
-    if not mem.user_enabled or scope == PROJECT:
+    """Which memories a read with ``scope`` covers (None: both once a user memory exists).  A memory
+    opened without the user memory serves only ``project`` (``user``/``all``: ``query-invalid-scope``),
+    and a project that *is* the user memory's folder is read once."""
+    if scope in (USER, ALL) and not mem.user_enabled:
+        raise not_served(scope)
+    if not mem.user_enabled or scope == PROJECT or is_user_memory(mem):
         return [PROJECT]
     if scope == USER:
         return [USER]
     return [PROJECT, USER] if exists() else [PROJECT]
+
+
+def note_project_only(mem: "Memory", result: "QueryResult", scope: str | None) -> None:
+    """A project-only answer of a memory that may read the user memory says which memories it read, and
+    when the user memory was left out because its folder is refused (``refused_notes``)."""
+    if not mem.user_enabled:
+        return
+    result["scope"]["memories"] = [PROJECT]
+    if scope != PROJECT:
+        result["warnings"] += refused_notes()
+
+
+def refused_notes() -> "list[Problem]":
+    """A warning when the user data folder (or the user memory's folder in it) is refused as unsafe, so a
+    read over all memories covers the project only (none when it is simply not there)."""
+    try:
+        user_root(strict=True)
+    except StoreError as exc:
+        return [{"code": exc.code, "message": exc.message + "; this answer covers the project's memory only"}]
+    return []
+
+
+def not_served(scope: str) -> InputError:
+    """``--scope user``/``all`` asked of a memory opened without the user memory (``Memory(user=False)``)."""
+    return InputError("this memory was opened without the user-level memory (Memory(user=False): memory-eval, "
+                      "benchmarks); --scope user and all are not served by it", code=codes.QUERY_INVALID_SCOPE,
+                      details={"scope": scope})
+
+
+def is_user_memory(mem: "Memory") -> bool:
+    """Whether ``mem``'s folder is the user memory's own (a project opened there with --root)."""
+    root = user_root()
+    try:
+        return root is not None and mem.project.memory_dir.resolve() == user_log(root).parent.resolve()
+    except OSError:
+        return False
 
 
 def folders_read(mem: "Memory") -> dict[str, Any]:

@@ -273,55 +273,76 @@ class VectorSync:
             if positions else np.zeros((0, self.embedder.dim), dtype=np.float32)
         try:
             return estimate([snap.records[p] for p in positions], np.asarray(positions, dtype=np.int64), rows,
-                            snap.lexical_engine(), self.embedder.embed, floor=self.config.alpha)
+                            snap.lexical_engine(), self.embedder.embed, floor=self.config.alpha,
+                            embed_query=self.embedder.embed_query)
         except EmbeddingError:
             return None
 
     def _sync_questions(self, state: VectorState, verb: str) -> None:
-        """Embed the HyPE questions (``api/hype.py``) of the indexed live records whose questions the
-        generation does not hold yet, and commit them with the same rows (``Questions``)."""
-        scan = self.snap.scan
-        if scan is None or not scan.questions or state.index is None:
+        """Make the generation's HyPE question vectors (``api/hype.py``) those of the log: embed the
+        questions of the indexed live records it lacks (or holds for other questions), drop those of
+        records that have none any more (forgotten, or an id revived without them), and commit them
+        with the same rows (``Questions``)."""
+        scan, index = self.snap.scan, state.index
+        if scan is None or index is None or (not scan.questions and index.questions is None):
             return
-        have = state.index.questions.keys if state.index.questions is not None else {}
-        labels = state.labels
-        todo: dict[str, list[str]] = {}
+        want: dict[str, tuple[str, list[str]]] = {}  # record id -> (key, questions): the log's
         for pos, q in scan.questions.items():
-            if pos in scan.dead or not q["questions"] or pos >= len(labels) or labels[pos] < 0:
-                continue
-            if have.get(int(labels[pos])) != question_key(q["questions"]):
-                todo[scan.records[pos]["id"]] = list(q["questions"])
-        if not todo:
+            if pos not in scan.dead and q["questions"]:
+                want[scan.records[pos]["id"]] = (question_key(q["questions"]), list(q["questions"]))
+        held = self._held_questions(index, want)
+        todo = {rid: items for rid, (key, items) in want.items()
+                if rid in index.label_of and held.get(index.label_of[rid]) != key}
+        stale = index.questions is not None and set(index.questions.keys) - set(held)
+        if not todo and not stale:
             return
+        rows = self.embed_questions(todo)
+        with self.store.lock(verb):
+            manifest, current, _ = self.snap.vectors()  # as it is now, under the lock
+            if manifest is None or current is None or self.mismatch(manifest, self.embedder.dim) is not None:
+                return
+            dim = current.dim
+            keep = self._held_questions(current, want)
+            by_label = {label: block for label, block in current.questions.rows.by_label().items() if label in keep} \
+                if current.questions is not None else {}
+            for rid, block in rows.items():
+                label = current.label_of.get(rid)
+                if label is not None:
+                    by_label[label], keep[label] = block, want[rid][0]
+            keeps = isinstance(manifest.get("pieces"), dict)
+            self.store.commit(ids=list(current.ids), hashes=list(current.hashes),
+                              vectors=np.zeros((0, dim), dtype=np.float32), embedding=dict(self.our_embedding()),
+                              params=self.params, alpha=self.config.alpha, previous=manifest, base=current,
+                              pieces=Pieces.empty(dim) if keeps else None,
+                              questions=Questions(Pieces.of_labels(by_label, dim), keep))
+            state.manifest, state.index, state.labels = self.snap.vectors()
+
+    @staticmethod
+    def _held_questions(index: "VectorIndex", want: dict[str, tuple[str, list[str]]]) -> dict[int, str]:
+        """The labels whose question vectors still match the log: the live label of a record that has
+        these questions in the log (label -> key)."""
+        if index.questions is None:
+            return {}
+        return {label: key for label, key in index.questions.keys.items()
+                if label < len(index.ids) and index.label_of.get(index.ids[label]) == label
+                and want.get(index.ids[label], ("",))[0] == key}
+
+    def embed_questions(self, todo: dict[str, list[str]]) -> dict[str, np.ndarray]:
+        """The usable vectors of each record's questions, embedded as queries (they are matched against
+        queries: a model with a query prefix gets it)."""
         texts = [t for items in todo.values() for t in items]
-        vecs = self.embed(texts)
-        good = usable(vecs)
         rows: dict[str, np.ndarray] = {}
+        if not texts:
+            return rows
+        vecs = self.embedder.embed_query(texts)
+        good = usable(vecs)
         at = 0
         for rid, items in todo.items():
             block, ok = vecs[at: at + len(items)], good[at: at + len(items)]
             at += len(items)
             if ok.any():
                 rows[rid] = block[ok]
-        with self.store.lock(verb):
-            manifest, current, _ = self.snap.vectors()  # as it is now, under the lock
-            if manifest is None or current is None or self.mismatch(manifest, self.embedder.dim) is not None:
-                return
-            dim = current.dim
-            kept = current.questions
-            by_label = kept.rows.by_label() if kept is not None else {}
-            keys = dict(kept.keys) if kept is not None else {}
-            for rid, block in rows.items():
-                label = current.label_of.get(rid)
-                if label is not None:
-                    by_label[label], keys[label] = block, question_key(todo[rid])
-            keeps = isinstance(manifest.get("pieces"), dict)
-            self.store.commit(ids=list(current.ids), hashes=list(current.hashes),
-                              vectors=np.zeros((0, dim), dtype=np.float32), embedding=dict(self.our_embedding()),
-                              params=self.params, alpha=self.config.alpha, previous=manifest, base=current,
-                              pieces=Pieces.empty(dim) if keeps else None,
-                              questions=Questions(Pieces.of_labels(by_label, dim), keys))
-            state.manifest, state.index, state.labels = self.snap.vectors()
+        return rows
 
     def _persist(self, state: VectorState, todo: list[int], *, blocking: bool, verb: str,
                  side: dict[str, Any] | None) -> None:

@@ -45,7 +45,7 @@ class GatewayEmbedder(Embedder):
     def __init__(self, model_id: str, base_url: str, *, source: str, key_env: str, key: str | None,
                  timeout_s: float, breaker: Breaker, input_type: bool = False):
         super().__init__(model_id)
-        self.client = JsonClient(base_url, key=key, timeout_s=timeout_s, budget_s=MAX_GATEWAY_CALL_S)
+        self.client = JsonClient(base_url, key=key, timeout_s=timeout_s, budget_s=MAX_GATEWAY_CALL_S, key_env=key_env)
         self.base_url = self.client.base_url
         self.source = source
         self.key_env = key_env

@@ -137,7 +137,7 @@ def make_generator(config: "MemoryConfig") -> Generator:
                           details={"key": "memory.generator"})
     key_env = generator_key_env(config)
     client = JsonClient(url, key=os.environ.get(key_env), timeout_s=settings.timeout_s,
-                        budget_s=MAX_GENERATOR_CALL_S)
+                        budget_s=MAX_GENERATOR_CALL_S, key_env=key_env)
     breaker = Breaker(f"{url}\n{settings.model}", failures=settings.breaker.failures,
                       cooldown_s=settings.breaker.cooldown_s, folder=user_cache_dir(), kind="generator")
     return Generator(settings.model, client, breaker, RateLimit(settings.requests_per_minute), source=source,

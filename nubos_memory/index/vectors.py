@@ -41,6 +41,7 @@ EXACT_LIMIT = 5_000
 HNSW_SEED = 100
 OVERFETCH_MAX = 512  # HNSW still serves a query that excludes at most this many rows
 ANN_SLACK = 64  # extra rows asked of a store's own candidate index (rows this machine has not indexed yet)
+SCANS_BEFORE_GRAPH = 4  # a one-shot process answers this many searches by exact scan before it loads the graph
 KAPPA_MIN_ROWS = 16  # fewer rows than this are too few to tell their order's coherence from chance
 PIECE_RULE = "best piece v1"
 PIECE_LAMBDA = 0.5  # a several-piece record's cosine: λ·best piece + (1 − λ)·pooled (adr/0002: 0.5 measured best)
@@ -239,6 +240,10 @@ class VectorIndex:
         self.pieces = pieces
         self.pieces_path = pieces_path
         self.questions = questions  # HyPE's question vectors (None: no record has any)
+        # False in a one-shot process: its first SCANS_BEFORE_GRAPH searches scan the memory-mapped
+        # vectors exactly instead of loading a graph they would use once (issue 27)
+        self.use_graph = True
+        self.scans = 0
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -309,7 +314,7 @@ class VectorIndex:
                     sims = np.asarray(self.vectors[found] @ query, dtype=np.float32)
                     order = np.lexsort((found, -sims))[:k]  # by exact cosine, ties by label
                     return found[order], sims[order]
-        elif n > EXACT_LIMIT and self.hnsw_path is not None and excluded <= OVERFETCH_MAX:
+        elif n > EXACT_LIMIT and self.hnsw_path is not None and excluded <= OVERFETCH_MAX and self._graph_worth_it():
             index = self.hnsw()
             want = min(k + excluded, n)
             index.set_ef(max(self.ef_search, want))
@@ -332,6 +337,14 @@ class VectorIndex:
         part = np.argpartition(-sims, k - 1)[:k]
         order = part[np.lexsort((part, -sims[part]))]
         return rows[order].astype(np.int64), sims[order].astype(np.float32)
+
+    def _graph_worth_it(self) -> bool:
+        """Whether this search should use the graph: always in a long-lived process; in a one-shot one
+        only once it has searched ``SCANS_BEFORE_GRAPH`` times (a batch write's near-duplicate checks)."""
+        if self.use_graph or self._hnsw is not None:
+            return True
+        self.scans += 1
+        return self.scans > SCANS_BEFORE_GRAPH
 
     def cosines(self, labels: np.ndarray, query: np.ndarray, best: np.ndarray | None = None,
                 asked: np.ndarray | None = None) -> np.ndarray:

@@ -11,8 +11,13 @@ form fields).  Each action is a verb of the one verb table, run like ``POST /v1/
   --history``), its anchors and their freshness, and its near duplicates and conflicts (from the
   query path's collapsing); forms to forget it (with a reason) and to pin or unpin it;
 * ``/health``: the doctor's report and the statistics;
-* ``/login``: where the token goes when the server needs one (kept in an HttpOnly, SameSite=Strict
-  cookie).
+* ``/login``: where the token goes when the server needs one.  The browser keeps a value derived from
+  it (HMAC-SHA256(token, "browser")), never the token, in an HttpOnly, SameSite=Strict cookie named
+  with the server's port; the guard takes that cookie on these pages only (:data:`PAGES`), never on
+  ``/v1``, ``/api`` or ``/mcp``.
+
+Browsing is not use: the pages read with ``memory-query`` and ``memory-get`` untracked
+(``verbs.UNTRACKED``), so ``memory-prune --unused-for`` never counts a page view.
 
 A form can only be posted from the browser's own pages: the guard refuses a foreign ``Origin`` or
 a cross-site request (``http.py``).
@@ -29,6 +34,7 @@ from .. import codes
 from ..errors import UsageError
 from ..fsio import dumps
 from ..limits import HTTP_MAX_FORM, MODES
+from .verbs import UNTRACKED
 
 if TYPE_CHECKING:
     from starlette.requests import Request as HttpRequest
@@ -37,6 +43,10 @@ if TYPE_CHECKING:
     from .http import Guard, Service
 
 STATIC = Path(__file__).parent / "static"
+# The browser's pages: the one place the guard takes the browser's cookie (``/static/`` is open to all).
+PAGES = frozenset({"/", "/record", "/health", "/record/forget", "/record/pin", "/record/unpin", "/login"})
+# What a page says after an action (``done=`` in its URL names one; anything else says nothing).
+DONE = {"forgotten": "forgotten", "pinned": "pinned", "unpinned": "unpinned"}
 ASSETS = {"style.css": "text/css", "app.js": "text/javascript"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; "
@@ -48,6 +58,11 @@ SEARCH_FIELDS = (("type", "Type", "text"), ("phase", "Phase", "text"), ("tags", 
                  ("domain", "Domain", "text"), ("since", "Since", "text"), ("as_of", "As of", "text"),
                  ("k", "Hits", "number"))
 CHECKS = (("phase_exact", "this phase only (not the phases under it)"), ("no_collapse", "show near duplicates apart"))
+
+
+def is_page(path: str) -> bool:
+    """Whether ``path`` is one of the browser's pages or files (where its cookie is taken)."""
+    return path in PAGES or path.startswith("/static/")
 
 
 def page(title: str, body: str, status: int = 200) -> "Response":
@@ -167,7 +182,7 @@ async def search(service: "Service", request: "HttpRequest") -> "Response":
     if form.get("q", "").strip():
         try:
             checked = service.check("memory-query", search_request(form))
-            code, _, doc = await service.call("memory-query", checked)
+            code, _, doc = await service.call("memory-query", {**checked, UNTRACKED: True})
         except UsageError as exc:
             code, doc = exc.exit_code, {"error": exc.to_dict()}
         if code != 0:
@@ -279,19 +294,19 @@ async def record(service: "Service", request: "HttpRequest") -> "Response":
         checked = service.check("memory-get", {"ids": [rid], "history": True})
     except UsageError as exc:
         return page("Record", error_box({"error": exc.to_dict()}), 400)
-    code, _, doc = await service.call("memory-get", checked)
+    code, _, doc = await service.call("memory-get", {**checked, UNTRACKED: True})
     if code != 0:
         return page("Record", error_box(doc), 404 if doc["error"].get("code") == codes.RECORD_NOT_FOUND else 400)
     got = doc["records"][0]
     rec = got.get("record") or {}
     hit = None
     if got["live"] and rec.get("title"):
-        qcode, _, found = await service.call("memory-query", {"text": str(rec["title"]), "k": 20})
+        qcode, _, found = await service.call("memory-query", {"text": str(rec["title"]), "k": 20, UNTRACKED: True})
         if qcode == 0:
             hit = next((h for h in found["hits"] if h["id"] == rid or rid in (h.get("collapsed") or {}).get("ids", [])),
                        None)
     status = "live" if got["live"] else f"retired: {dumps(got['retired']).decode()}"
-    flash = f'<p class="done" role="status">Done: {escape(done)}.</p>' if done else ""
+    flash = f'<p class="done" role="status">Done: {DONE[done]}.</p>' if done in DONE else ""
     body = (f"{flash}<h1>{escape(str(rec.get('title', '(redacted)')))}</h1>"
             f'<p class="status">{escape(status)}</p>{notes(doc)}'
             f"<section><h2>Fields</h2>{fields_table(rec)}</section>"
@@ -373,12 +388,10 @@ autocomplete="off"></label><button type="submit">Open</button></form>"""
         given = (await form_of(request)).get("token", "")
     except UsageError:
         given = ""
-    from .http import COOKIE
-
-    if not guard.token_ok(None, given):
+    if not given or not guard.bearer_ok(given) or guard.cookie_value is None:
         return page("Token", '<p class="error" role="alert">That is not the token.</p>' + form, 401)
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(COOKIE, given, httponly=True, samesite="strict", path="/")
+    response.set_cookie(guard.cookie_name, guard.cookie_value, httponly=True, samesite="strict", path="/")
     return response
 
 

@@ -37,10 +37,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def open_memory(root: str | None) -> "Memory":
-    """The CLI's memory factory: one Memory per process."""
+    """The CLI's memory factory: one Memory per process (a one-shot one: ``index/vectors.py`` scans
+    instead of loading the HNSW graph for an answer or two)."""
     from ..api.memory import Memory
 
-    return Memory.open(root)
+    mem = Memory.open(root)
+    mem.snap.graph = False
+    return mem
 
 
 def add_arguments(p: argparse.ArgumentParser, params: "Sequence[Param]") -> None:

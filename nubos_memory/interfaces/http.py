@@ -21,14 +21,16 @@ request, from loopback too, needs the bearer token (``$NUBOS_MEMORY_HTTP_TOKEN``
 ``http-token`` in this user's config folder, 32 random bytes hex-encoded, created 0600 on first use
 and never printed), compared in constant time; without one the server does not start
 (``http-token-required``).  Whatever the address, a request whose ``Host`` names no address of this
-server (DNS rebinding) or that comes from a page of another origin or site is refused.  Bodies are
-bounded in size and in the time they take to arrive, read verbs in the time they take to answer,
+server (DNS rebinding) or that comes from a page of another origin or site is refused.  A request's
+headers are bounded in the time they take to arrive (:func:`make_server`), bodies in size and in
+time, read verbs in the time they take to answer,
 and verbs run on at most ``HTTP_WORKERS`` threads (``limits.py``); writes keep the library's write
 path and lock, one at a time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import os
@@ -49,6 +51,7 @@ from ..errors import ConfigError, UsageError, failure
 from ..fsio import dumps, loads
 from ..limits import (
     HTTP_BODY_TIMEOUT_S,
+    HTTP_HEADER_TIMEOUT_S,
     HTTP_KEEP_ALIVE_S,
     HTTP_MAX_BODY,
     HTTP_MAX_CONNECTIONS,
@@ -61,6 +64,7 @@ from ..params import Param
 from .verbs import VERBS, Context, Request, run
 
 if TYPE_CHECKING:
+    import uvicorn
     from starlette.requests import Request as HttpRequest
     from starlette.responses import Response
     from starlette.types import Message, Receive, Scope, Send
@@ -69,7 +73,8 @@ if TYPE_CHECKING:
 
 TOKEN_ENV = "NUBOS_MEMORY_HTTP_TOKEN"
 TOKEN_FILE = "http-token"
-COOKIE = "nubos_memory_token"  # the store browser's copy of the token (HttpOnly, SameSite=Strict)
+COOKIE = "nubos_memory_browser"  # + "_<port>": the store browser's cookie (a value derived from the token)
+COOKIE_KEY = b"browser"  # the cookie's value is HMAC-SHA256(token, COOKIE_KEY), never the token
 EXIT_HEADER = "X-Nubos-Exit-Code"
 
 # The HTTP status of an envelope, by its exit code (errors.EXIT_CODES).
@@ -169,6 +174,23 @@ class Guard:
     hosts: frozenset[str]  # host names (lower case, IPv6 in brackets) a Host header may name
     token: str | None = None  # required of every request when set
     open_paths: frozenset[str] = frozenset({"/login"})  # the store browser's token form
+    open_prefixes: tuple[str, ...] = ("/static/",)  # the browser's own style sheet and script (the login page's)
+
+    def is_open(self, path: str) -> bool:
+        """Whether ``path`` is served without the token."""
+        return path in self.open_paths or path.startswith(self.open_prefixes)
+
+    @property
+    def cookie_name(self) -> str:
+        """The browser cookie's name: with the port, since a browser sends a host's cookies to all its ports."""
+        return f"{COOKIE}_{self.port}"
+
+    @property
+    def cookie_value(self) -> str | None:
+        """What the browser keeps: HMAC-SHA256(token, "browser"), which opens the browser's pages only."""
+        if self.token is None:
+            return None
+        return hmac.new(self.token.encode(), COOKIE_KEY, hashlib.sha256).hexdigest()
 
     def host_ok(self, value: str | None) -> bool:
         """``value`` (a Host header) names this server: one of its names, and its port (or none for 80)."""
@@ -194,17 +216,20 @@ class Guard:
         return origin.strip().lower() in (f"http://{(host or '').strip().lower()}",
                                           f"https://{(host or '').strip().lower()}")
 
-    def token_ok(self, authorization: str | None, cookie: str | None) -> bool:
-        """The bearer token (header, or the store browser's cookie), compared in constant time."""
+    def token_ok(self, authorization: str | None, cookie: str | None = None, *, page: bool = False) -> bool:
+        """The bearer token in ``authorization``, or (only for the store browser's ``page``s) the browser
+        cookie's derived value, each compared in constant time."""
         if self.token is None:
             return True
-        expected = self.token.encode()
-        given = b""
         if authorization and authorization[:7].lower() == "bearer ":
-            given = authorization[7:].strip().encode("utf-8", "replace")
-        elif cookie:
-            given = cookie.encode("utf-8", "replace")
-        return hmac.compare_digest(given, expected)
+            return self.bearer_ok(authorization[7:].strip())
+        if page and cookie and self.cookie_value is not None:
+            return hmac.compare_digest(cookie.encode("utf-8", "replace"), self.cookie_value.encode())
+        return hmac.compare_digest(b"", self.token.encode())
+
+    def bearer_ok(self, given: str) -> bool:
+        """``given`` is the token (the login form's field), compared in constant time."""
+        return self.token is None or hmac.compare_digest(given.encode("utf-8", "replace"), self.token.encode())
 
 
 def allowed_hosts(bind: str, extra: list[str]) -> frozenset[str]:
@@ -247,7 +272,8 @@ async def respond(send: "Send", status: int, doc: Any, headers: list[tuple[bytes
     body = dumps(doc)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"cache-control", b"no-store"), *(headers or [])]})
+                            (b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff"),
+                            *(headers or [])]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -260,8 +286,12 @@ class Shield:
         self.app, self.guard, self.max_body, self.body_timeout = app, guard, max_body, body_timeout
 
     async def __call__(self, scope: "Scope", receive: "Receive", send: "Send") -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # a WebSocket (the server takes none, adr/0018), or a kind unknown today
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
             return
         from starlette.datastructures import Headers
 
@@ -283,9 +313,13 @@ class Shield:
             return codes.HTTP_FORBIDDEN_HOST, "the Host header names no address of this server"
         if not self.guard.origin_ok(headers.get("origin"), host, headers.get("sec-fetch-site")):
             return codes.HTTP_FORBIDDEN_ORIGIN, "requests from pages of another origin are refused"
-        if scope.get("path") not in self.guard.open_paths and not self.guard.token_ok(
-                headers.get("authorization"), _cookie(headers.get("cookie"))):
-            return codes.HTTP_UNAUTHORIZED, "this server needs its bearer token (Authorization: Bearer TOKEN)"
+        path = scope.get("path", "")
+        if not self.guard.is_open(path):
+            from .browser import is_page
+
+            cookie = _cookie(headers.get("cookie"), self.guard.cookie_name)
+            if not self.guard.token_ok(headers.get("authorization"), cookie, page=is_page(path)):
+                return codes.HTTP_UNAUTHORIZED, "this server needs its bearer token (Authorization: Bearer TOKEN)"
         return None
 
     async def read_body(self, headers: Any, receive: "Receive", send: "Send") -> "Receive | None":
@@ -327,11 +361,11 @@ class Shield:
         return replay
 
 
-def _cookie(header: str | None) -> str | None:
-    """The token cookie's value from a Cookie header."""
+def _cookie(header: str | None, wanted: str) -> str | None:
+    """The value of the cookie named ``wanted`` from a Cookie header."""
     for part in (header or "").split(";"):
         name, _, value = part.strip().partition("=")
-        if name == COOKIE:
+        if name == wanted:
             return value
     return None
 
@@ -446,7 +480,7 @@ def answer(code: int, doc: Any, status: int | None = None, verb: str | None = No
 
     if isinstance(doc, dict) and isinstance(doc.get("error"), dict) and doc["error"].get("code") == codes.HTTP_TIMEOUT:
         status = status or 504
-    headers = {EXIT_HEADER: str(code), "Cache-Control": "no-store"}
+    headers = {EXIT_HEADER: str(code), "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
     if isinstance(doc, str):
         kind = TEXT_ANSWERS.get(verb or "", "text/markdown")
         return Response(doc, status_code=status or STATUS.get(code, 500), headers=headers,
@@ -662,11 +696,57 @@ def prepare_server(root: str | None, host: str, port: int, allow_host: list[str]
     return Service(warm), guard, sock, where
 
 
+_BUSY = object()  # a protocol without request cycles (not HTTP/1.1): not judged here
+
+
+def stalled(connections: Any, seen: dict[Any, tuple[Any, float]], deadline: float, now: float) -> list[Any]:
+    """The connections (uvicorn protocols) that have been waiting for a request's headers longer than
+    ``deadline`` seconds: no request in progress (``cycle`` None, or its response sent) and the same one
+    since ``seen`` first saw it so.  ``seen`` keeps, per connection, the cycle and when it was first seen
+    waiting; it is updated in place."""
+    for proto in [p for p in seen if p not in connections]:
+        del seen[proto]
+    out = []
+    for proto in list(connections):
+        cycle = getattr(proto, "cycle", _BUSY)
+        if cycle is _BUSY or (cycle is not None and not getattr(cycle, "response_complete", False)):
+            seen.pop(proto, None)  # a request in progress: its body and its verb have their own limits
+            continue
+        mark = seen.get(proto)
+        if mark is None or mark[0] is not cycle:
+            seen[proto] = (cycle, now)
+        elif now - mark[1] > deadline:
+            out.append(proto)
+    return out
+
+
+def make_server(app: Any, *, header_timeout: float = HTTP_HEADER_TIMEOUT_S) -> "uvicorn.Server":
+    """The uvicorn server memory-http runs (adr/0018): at most :data:`HTTP_MAX_CONNECTIONS` connections and
+    requests in flight, idle keep-alive connections closed after :data:`HTTP_KEEP_ALIVE_S`, no WebSocket,
+    and a connection that has not sent a request's headers within ``header_timeout`` seconds of opening
+    (or of its last answer) closed, so that connections that never finish their headers (slowloris) cannot
+    hold every slot.  uvicorn has no such timeout; the server's tick (every 0.1 s) looks for them."""
+    import uvicorn
+
+    seen: dict[Any, tuple[Any, float]] = {}
+
+    class DeadlineServer(uvicorn.Server):
+        async def on_tick(self, counter: int) -> bool:
+            for proto in stalled(self.server_state.connections, seen, header_timeout, time.monotonic()):
+                transport = getattr(proto, "transport", None)
+                if transport is not None and not transport.is_closing():
+                    transport.close()
+            return await super().on_tick(counter)
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", ws="none",
+                            limit_concurrency=HTTP_MAX_CONNECTIONS, timeout_keep_alive=HTTP_KEEP_ALIVE_S,
+                            h11_max_incomplete_event_size=64 * 1024)
+    return DeadlineServer(config)
+
+
 def run_http(root: str | None, host: str, port: int, allow_host: list[str]) -> dict[str, Any]:
     """Serve until SIGINT/SIGTERM; return a summary.  Prints ``{"serving": URL, ...}`` on stderr once
     listening (the token's location when one is required, never the token)."""
-    import uvicorn
-
     from .warm import catch_up_forever
 
     service, guard, sock, where = prepare_server(root, host, port, allow_host)
@@ -683,10 +763,7 @@ def run_http(root: str | None, host: str, port: int, allow_host: list[str]) -> d
         catch_up_forever(service.warm, stop)
 
     threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            limit_concurrency=HTTP_MAX_CONNECTIONS, timeout_keep_alive=HTTP_KEEP_ALIVE_S,
-                            h11_max_incomplete_event_size=64 * 1024)
-    server = uvicorn.Server(config)
+    server = make_server(app)
     sys.stderr.write(dumps({"serving": url, "mcp": f"{url}/mcp", "browser": f"{url}/",
                             "token": None if guard.token is None else f"required: {where}",
                             "warnings": service.warm.memory.notices}).decode() + "\n")

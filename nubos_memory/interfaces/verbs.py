@@ -176,6 +176,10 @@ def argument(param: Param, request: Request) -> Any:
 
 
 NOT_QUERY_OPTIONS = ("positional", "text", "no_collapse", "format")  # the query's text, and its answer's shape
+# A request key no parameter declares, so no client (CLI, MCP, HTTP body) can give it: the server's own reads
+# that are not use (the store browser's pages) set it, and memory-query and memory-get then record no usage
+# (memory-prune --unused-for counts only real use).
+UNTRACKED = "untracked"
 
 
 def _memory(ctx: Context, request: Request) -> "Memory":
@@ -247,7 +251,8 @@ def _text(request: Request) -> Any:
 def _query(ctx: Context, request: Request) -> Any:
     text = _text(request)
     options = {p.name: argument(p, request) for p in P.QUERY if p.name not in NOT_QUERY_OPTIONS}
-    result = _memory(ctx, request).query(text, collapse=not request.get("no_collapse"), **options)
+    result = _memory(ctx, request).query(text, collapse=not request.get("no_collapse"),
+                                         track=not request.get(UNTRACKED), **options)
     if FORMAT_ALIASES.get(request.get("format") or "", request.get("format")) == "markdown":
         from ..api.context import render_markdown
 
@@ -257,7 +262,8 @@ def _query(ctx: Context, request: Request) -> Any:
 
 @verb("memory-get", "records by id, retired ones too (marked with why and when)", P.GET)
 def _get(ctx: Context, request: Request) -> Any:
-    return _scoped(ctx, request).get(list(request.get("ids") or []), history=bool(request.get("history")))
+    return _scoped(ctx, request).get(list(request.get("ids") or []), history=bool(request.get("history")),
+                                     track=not request.get(UNTRACKED))
 
 
 @verb("memory-forget", "retire records by id (tombstones; the log stays append-only)", P.FORGET, writes=True)

@@ -41,7 +41,10 @@ if TYPE_CHECKING:
 
 @contextmanager
 def shared_statistics(memories: Sequence[Searchable]) -> "Iterator[None]":
-    """While inside, every memory's BM25 uses the statistic of all of them together."""
+    """While inside, every memory's BM25 uses the statistic of all of them together.  This changes the
+    memories' own lexical engines for the duration: a ``Memory`` serves one call at a time (the warm
+    server, HTTP and MCP hold one reader lock per memory: ``interfaces/warm.py``), so no other query sees
+    the shared statistic; a library user who shares one ``Memory`` between threads must do the same."""
     engines = []
     for mem in memories:
         mem.scan()

@@ -116,9 +116,10 @@ def _lexical(drawn: list[Pseudo], positions: np.ndarray, lexical: "PostingsBM25"
     return raw
 
 
-def _cosines(drawn: list[Pseudo], vectors: np.ndarray, embed: Embed) -> np.ndarray:
-    """Cosine of every stored vector with each pseudo-query; the target's from its reduced text."""
-    queries = np.asarray(embed([p.query for p in drawn]), dtype=np.float64)
+def _cosines(drawn: list[Pseudo], vectors: np.ndarray, embed: Embed, embed_query: Embed) -> np.ndarray:
+    """Cosine of every stored vector with each pseudo-query (embedded as a query); the target's from its
+    reduced text (embedded as a passage)."""
+    queries = np.asarray(embed_query([p.query for p in drawn]), dtype=np.float64)
     rests = np.asarray(embed([embed_text(p.rest) for p in drawn]), dtype=np.float64)
     cos = queries @ np.asarray(vectors, dtype=np.float64).T
     cos[np.arange(len(drawn)), [p.row for p in drawn]] = (rests * queries).sum(1)
@@ -161,16 +162,16 @@ def floored(floor: float, n: int, records: int) -> dict[str, Any]:
 
 
 def estimate(records: "Sequence[Record]", positions: np.ndarray, vectors: np.ndarray, lexical: "PostingsBM25",
-             embed: Embed, *, floor: float, n: int = N_QUERIES) -> dict[str, Any]:
+             embed: Embed, *, floor: float, n: int = N_QUERIES, embed_query: Embed | None = None) -> dict[str, Any]:
     """The side weight of a memory: its live records that have a vector (``records``, at log
     ``positions`` of the ``lexical`` engine, with their stored unit ``vectors``); ``embed`` gives
-    unit vectors of texts (see the module docstring)."""
+    unit vectors of texts (see the module docstring), ``embed_query`` those of queries (default ``embed``)."""
     drawn = draw(records, n)
     if len(drawn) < MIN_QUERIES:
         return floored(floor, len(drawn), len(records))
     target = np.array([p.row for p in drawn], dtype=np.int64)
     zl = _z(_lexical(drawn, np.asarray(positions, dtype=np.int64), lexical))
-    zc = _z(_cosines(drawn, vectors, embed))
+    zc = _z(_cosines(drawn, vectors, embed, embed_query or embed))
     lexical_mrr = float(_reciprocal_ranks(zl, target).mean())
     vector_mrr = float(_reciprocal_ranks(zc, target).mean())
     rr = {w: _reciprocal_ranks(w * zl + (1 - w) * zc, target) for w in GRID}

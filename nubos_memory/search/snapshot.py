@@ -91,6 +91,7 @@ class Snapshot:
         self.manifest: Manifest | None = None
         self.index: VectorIndex | None = None
         self.unsigned = False  # no signing key: derived files are neither trusted nor written (trust.py)
+        self.graph = True  # False: a one-shot process, which scans instead of loading the graph (cli.open_memory)
 
     @property
     def records(self) -> "list[Record]":
@@ -272,6 +273,8 @@ class Snapshot:
                 parent, self.manifest, self.index = self._vec_key, None, None
             else:
                 parent, self.manifest, self.index = self._vec_key, *self.store.load_current()
+                if self.index is not None:
+                    self.index.use_graph = self.graph
             self._vec_key = None if self.manifest is None else self.manifest.get("generation")
             if parent is not None and (self.manifest or {}).get("appended_to") == parent:
                 self._map(np.flatnonzero(self.labels < 0))  # an append kept every mapped row

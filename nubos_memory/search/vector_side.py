@@ -134,7 +134,11 @@ def _approximate_top(cosines: Cosines, in_scope: np.ndarray, snap: Snapshot,
             if closest is not None:
                 top_labels = np.concatenate([top_labels, index.top_by_pieces(closest, scope.n_cand, allowed)])
     proposed = snap.positions_of(np.unique(top_labels))
-    proposed = np.concatenate([proposed[proposed >= 0], extra[np.isin(extra, scope.positions)]])
+    proposed = proposed[proposed >= 0]
+    at = np.minimum(np.searchsorted(scope.positions, proposed), max(len(scope.positions) - 1, 0))
+    inside = scope.positions[at] == proposed if len(scope.positions) else np.zeros(len(proposed), dtype=bool)
+    proposed = np.concatenate([proposed[inside],  # never a row outside the scope (positions are sorted)
+                               extra[np.isin(extra, scope.positions)]])
     rng = np.random.default_rng(len(in_scope))  # a fixed sample for a given memory size
     stats_of = np.sort(rng.choice(in_scope, min(STATS_SAMPLE, len(in_scope)), replace=False))
     cosines.compute(scope.neighbourhood(np.unique(np.concatenate([proposed, stats_of]))))

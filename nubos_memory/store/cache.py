@@ -194,7 +194,7 @@ def _read_keymap(path: Path, sha256: Any, count: int, pieces: int, questions: in
         owners = _owners(km.get("piece_owner", []), pieces, count)
         asked = _owners(km.get("question_owner", []), questions, count)
         keys = {int(label): str(key) for label, key in (km.get("question_keys") or {}).items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
         raise StoreError("keymap is corrupt; run memory-rebuild", code=codes.KEYMAP_CORRUPT,
                          details={"file": path.name}) from None
     return ids, hashes, owners, asked, keys
@@ -260,7 +260,8 @@ class DerivedCache:
 
     def _check_files(self, paths: dict[str, Path], files: dict[str, Any]) -> None:
         """Each derived file the manifest names is there, a plain file, of the size it recorded."""
-        for key in [k for k in ("index", "keymap", "vectors", "pieces") if k in files and (self.graph or k != "index")]:
+        for key in [k for k in ("index", "keymap", "vectors", "pieces", "questions")
+                    if k in files and (self.graph or k != "index")]:
             path = paths.get(key)
             if path is None or path.name != Path(path.name).name or not path.is_file():
                 raise StoreError(f"derived {key} file is missing; run memory-rebuild", code=codes.INDEX_MISSING,

@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 RECORDS = "records.jsonl"
 MEMORY_FILES = (RECORDS, RECORDS + ".torn", "manifest.json", "lexical.json", "usage.json", "usage.jsonl",
-                ".lock", ".lock.holder.json", ".gitignore", ".gitattributes", "serve.sock", "serve.lock")
+                ".lock", ".lock.holder.json", ".gitignore", ".gitattributes", "serve.sock", "serve.lock",
+                "log-checkpoint.json")
 GITIGNORE = """# nubos-memory: everything here but the source of truth is a derived cache,
 # rebuilt exactly from records.jsonl by `np-tools memory-rebuild`.
 *
@@ -82,7 +83,7 @@ class FileStore(LocalDerivedState):
     def __init__(self, project: "Project", lock_timeout: float):
         self.project = project
         self.folder = project.memory_dir
-        self.log = RecordLog(self.folder / RECORDS)
+        self.log = RecordLog(self.folder / RECORDS, checkpoint=True)
         self.cache = DerivedCache(self.folder)
         self.lexcache = LexicalCache(self.folder, lambda offset: file_sha256(self.folder / RECORDS, offset))
         self.usage = Usage(self.folder)
@@ -174,6 +175,7 @@ class FileStore(LocalDerivedState):
         (shared vectors; this store shares none)."""
         found: list[str] = []
         files: list[str] = []
+        self.log.drop_checkpoint()
         for path in [self.log.path, *sorted(self.folder.glob(f"{RECORDS}.bak-*"))]:
             try:
                 data = read_regular(path)
@@ -207,6 +209,7 @@ class FileStore(LocalDerivedState):
             except OSError:
                 shutil.copy2(path, backup)
         crash_point("compact-backup-made")
+        self.log.drop_checkpoint()
         atomic_write_bytes(path, b"".join(dumps(r) + b"\n" for r in records))
         self.lexcache.invalidate()
         return {"backup": backup.name if before else None, "bytes": {"before": before, "after": path.stat().st_size}}

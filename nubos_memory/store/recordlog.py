@@ -21,6 +21,7 @@ from ..fsio import FILE_MODE, JSONDecodeError, dumps, fsync_dir, loads, open_reg
 from ..log import LogScan, classify, feed, frame, restart
 from ..records import now_iso
 from ..types import Record
+from . import checkpoint as checkpoints
 
 GUARD = 4096  # bytes before the read point kept to tell that they are still the ones read
 
@@ -37,8 +38,10 @@ class FileCursor:
 class RecordLog:
     """Reads and appends ``records.jsonl``; appends must happen under the write lock."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, checkpoint: bool = False):
         self.path = path
+        # the state kept beside the log for new processes (``checkpoint.py``; the store's own log only)
+        self.checkpoint = path.with_name(checkpoints.NAME) if checkpoint else None
 
     def scan(self) -> LogScan:
         """Parse the whole file (see module docstring for how damage is handled)."""
@@ -58,8 +61,15 @@ class RecordLog:
             raise StoreError(f"cannot read {self.path.name}: {exc.strerror}", code=codes.RECORDS_UNREADABLE,
                              details={"path": str(self.path)}) from None
         cursor = scan.cursor if scan is not None and isinstance(scan.cursor, FileCursor) else None
+        held = -1  # the applied bytes of the checkpoint this read started from (-1: none)
         try:
             st = os.fstat(fd)
+            if scan is None and self.checkpoint is not None:
+                got = checkpoints.load(self.checkpoint, st.st_ino)
+                if got is not None:
+                    scan, guard = got
+                    cursor = scan.cursor = FileCursor(st.st_ino, guard)
+                    held = scan.applied
             with os.fdopen(fd, "rb", closefd=False) as f:
                 if scan is not None and cursor is not None and cursor.inode == st.st_ino \
                         and scan.applied <= st.st_size:
@@ -70,6 +80,7 @@ class RecordLog:
                         if len(data) - back == scan.size - scan.applied and scan.size == st.st_size:
                             return scan  # unchanged
                         self._feed(scan, data, back, st.st_ino)
+                        self._keep(scan, held if held >= 0 else None)
                         return scan
                     f.seek(0)
                     data = f.read()
@@ -77,9 +88,22 @@ class RecordLog:
                     data = f.read()
         finally:
             os.close(fd)
-        fresh = restart(scan)
+        fresh = restart(scan if held < 0 else None)
         self._feed(fresh, data, 0, st.st_ino)
+        self._keep(fresh, 0)
         return fresh
+
+    def _keep(self, scan: LogScan, held: int | None) -> None:
+        """After a read that started from a checkpoint of ``held`` applied bytes (0: the whole log was
+        read; None: an in-process state, not a new process), write a new checkpoint when it is due."""
+        if self.checkpoint is not None and held is not None and checkpoints.due(scan, held) \
+                and isinstance(scan.cursor, FileCursor):
+            checkpoints.save(self.checkpoint, scan, scan.cursor.inode, scan.cursor.guard)
+
+    def drop_checkpoint(self) -> None:
+        """Before the log is rewritten (compaction, redaction): the checkpoint holds its text."""
+        if self.checkpoint is not None:
+            checkpoints.drop(self.checkpoint)
 
     @staticmethod
     def _feed(scan: LogScan, data: bytes, back: int, inode: int) -> None:

@@ -1,0 +1,86 @@
+"""A checkpoint of the file store's log state, so that a new process need not read the whole log.
+
+A one-shot call at 100k records spent most of its time parsing and checking every line of
+``records.jsonl`` (issue 27).  ``log-checkpoint.json`` keeps the state those lines amount to
+(``log.state_doc``) at ``applied`` bytes, with the log's inode and the block before that point
+(the same guard an incremental read checks: ``recordlog.FileCursor``).  A process that opens the
+memory restores it and reads only what was appended since; a checkpoint whose log was replaced or
+edited before that point is ignored (the log is read whole, as without one).
+
+It is derived data like the manifest: one header line, signed with this user's key
+(``trust.py``), naming the sha256 and length of the payload line that follows; a checkpoint this
+user did not write, or whose payload does not match, is never used.  It is written aside and swapped
+in atomically, owner-only, by whichever reader found a tail at least ``MIN_TAIL`` bytes long and a
+quarter of what the checkpoint holds (so a year of writes rewrites it O(log n) times), and never
+while a write is in progress.  It holds the records' text: every rewrite of the log (compaction,
+import, redaction) deletes it first.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from ..fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads
+from ..log import LogScan, from_state_doc, state_doc
+from ..trust import available, sign, verify
+
+NAME = "log-checkpoint.json"
+FORMAT = 1
+MIN_TAIL = 1 << 20  # bytes read past the checkpoint before a reader writes a new one
+SHARE_GROWN = 4  # ... and at least 1/SHARE_GROWN of what it holds
+
+
+def load(path: Path, inode: int) -> "tuple[LogScan, bytes] | None":
+    """The state a checkpoint of the log with ``inode`` holds, and its guard; None when there is no
+    usable one (missing, of another log, not signed by this user, damaged)."""
+    try:
+        with open(path, "rb") as f:
+            header_line = f.readline()
+            payload = f.read()
+        header = loads(header_line)
+        if not (isinstance(header, dict) and header.get("format") == FORMAT and header.get("inode") == inode
+                and verify(header) and header.get("bytes") == len(payload)
+                and header.get("sha256") == hashlib.sha256(payload).hexdigest()):
+            return None
+        scan = from_state_doc(loads(payload))
+        guard = base64.b64decode(header["guard"])
+        if scan.applied != header.get("applied"):
+            return None
+    except (OSError, JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+    return scan, guard
+
+
+def due(scan: LogScan, held: int) -> bool:
+    """Whether a reader that brought ``scan`` up to date from a checkpoint of ``held`` applied bytes
+    (0: none) should write a new one."""
+    tail = scan.applied - held
+    return scan.partial_tail is None and tail >= MIN_TAIL and tail * SHARE_GROWN >= held
+
+
+def save(path: Path, scan: LogScan, inode: int, guard: bytes) -> bool:
+    """Write the checkpoint of ``scan`` (best effort: it is derived data); whether it was written."""
+    if not available():
+        return False
+    payload = dumps(state_doc(scan))
+    header: dict[str, Any] = sign({"format": FORMAT, "inode": inode, "applied": scan.applied,
+                                   "guard": base64.b64encode(guard).decode(), "bytes": len(payload),
+                                   "sha256": hashlib.sha256(payload).hexdigest()})
+    try:
+        atomic_write_bytes(path, dumps(header) + b"\n" + payload)
+        os.chmod(path, FILE_MODE)
+    except OSError:
+        return False
+    return True
+
+
+def drop(path: Path) -> None:
+    """Delete the checkpoint (the log is being rewritten: the text it holds may be going away)."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass

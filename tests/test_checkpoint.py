@@ -1,0 +1,105 @@
+"""The log checkpoint (issue 27; store/checkpoint.py): a new process restores the log's state instead of
+reading every line, and gets exactly what reading every line gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from nubos_memory.api.memory import Memory
+from nubos_memory.log import state_doc
+from nubos_memory.store import checkpoint
+from nubos_memory.store.recordlog import RecordLog
+
+from .conftest import index_records, memory_dir, rec, run_cli
+
+
+@pytest.fixture(autouse=True)
+def small_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checkpoint, "MIN_TAIL", 1)  # every read that moved writes one (1 MiB by default)
+
+
+def whole(path: Path) -> dict:
+    """What reading every line gives (no checkpoint)."""
+    return state_doc(RecordLog(path).scan())
+
+
+def restored(path: Path) -> tuple[dict, bool]:
+    """What a new process gets with the checkpoint, and whether it started from one."""
+    log = RecordLog(path, checkpoint=True)
+    got = checkpoint.load(log.checkpoint, os.stat(path).st_ino) if log.checkpoint.exists() else None
+    return state_doc(log.scan()), got is not None
+
+
+def busy_memory(project: Path) -> Path:
+    """A log with every kind of line: records, a supersede, a forget, a pin, anchors' stamps, a redaction."""
+    assert index_records(project, [rec(f"note {i} about caching", f"body {i}", id=f"n{i}") for i in range(30)]).code == 0
+    assert run_cli(["memory-forget", "--root", str(project), "n3"]).code == 0
+    assert run_cli(["memory-pin", "--root", str(project), "n4"]).code == 0
+    assert run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "n5 again",
+                    "--body", "replaces n5", "--supersedes", "n5"]).code == 0
+    return memory_dir(project) / "records.jsonl"
+
+
+def test_a_new_process_restores_the_state_that_reading_every_line_gives(project: Path):
+    log = busy_memory(project)
+    assert (log.parent / checkpoint.NAME).exists()
+    mode = stat.S_IMODE((log.parent / checkpoint.NAME).stat().st_mode)
+    assert mode & 0o077 == 0  # it holds the records' text: owner-only
+    state, from_checkpoint = restored(log)
+    assert from_checkpoint and state == whole(log)
+    # appended after the checkpoint: read as a tail on top of it
+    assert run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "after",
+                    "--body", "the checkpoint"]).code == 0
+    state, _ = restored(log)
+    assert state == whole(log) and state["records"][-1]["title"] == "after"
+    hits = run_cli(["memory-query", "--root", str(project), "n4 caching", "--mode", "lexical"]).json["hits"]
+    assert hits and all(h["id"] != "n3" for h in hits)
+
+
+def test_a_checkpoint_of_another_log_or_user_or_content_is_never_used(project: Path):
+    log = busy_memory(project)
+    path = log.parent / checkpoint.NAME
+    header, payload = path.read_bytes().split(b"\n", 1)
+    doc = json.loads(payload)
+    doc["records"][0]["title"] = "planted"
+    path.write_bytes(header + b"\n" + json.dumps(doc).encode())  # the payload no longer matches its hash
+    assert checkpoint.load(path, os.stat(log).st_ino) is None
+    state, _ = restored(log)
+    assert state == whole(log) and "planted" not in json.dumps(state)
+    unsigned = json.loads(header)
+    unsigned["signature"] = "0" * 64
+    path.write_bytes(json.dumps(unsigned).encode() + b"\n" + payload)  # not signed by this user's key
+    assert checkpoint.load(path, os.stat(log).st_ino) is None
+
+
+def test_a_hand_edit_before_the_checkpoint_reads_the_whole_log(project: Path):
+    log = busy_memory(project)
+    text = log.read_text()
+    log.write_text(text.replace("note 7 about caching", "note 7 about kittens"))  # same length, other bytes
+    state, _ = restored(log)
+    assert state == whole(log) and "kittens" in json.dumps(state)
+
+
+def test_redact_and_compact_delete_the_checkpoint_with_the_text_it_holds(project: Path):
+    log = busy_memory(project)
+    path = log.parent / checkpoint.NAME
+    assert path.exists()
+    assert run_cli(["memory-redact", "--root", str(project), "n8"]).code == 0
+    assert not path.exists() or b"body 8" not in path.read_bytes()
+    assert all(b"body 8" not in p.read_bytes() for p in log.parent.iterdir() if p.is_file())
+    run_cli(["memory-query", "--root", str(project), "caching"])  # a new process may write a new one
+    assert run_cli(["memory-compact", "--root", str(project)]).code == 0
+    state, _ = restored(log)
+    assert state == whole(log)
+
+
+def test_the_library_and_a_warm_process_see_what_the_checkpoint_gives(project: Path):
+    busy_memory(project)
+    mem = Memory.open(project)
+    live = sorted(mem.scan().ids())
+    assert "n3" not in live and "n5" not in live and len(live) == 29
