@@ -88,7 +88,7 @@ from typing import Any, cast
 from . import codes
 from .fsio import JSONDecodeError, dumps, loads
 from .limits import MAX_QUESTIONS, MAX_REASON
-from .records import now_iso, read_record, valid_anchors
+from .records import content_hash, embed_text, now_iso, read_record, valid_anchors
 from .types import Problem, Record
 
 MAX_LINE = 1 << 20  # bytes; a longer line is reported, never parsed
@@ -128,6 +128,10 @@ class LogScan:
     redaction_checked: set[int] = field(default_factory=set)  # positions of a redacted id found not to match
     hot: set[int] = field(default_factory=set)  # positions pinned (by field or pin op); dead ones are not hot
     questions: dict[int, dict[str, Any]] = field(default_factory=dict)  # position -> {questions, model, at, line}
+    # the content hash of each record's embedded text, by position (what its vector was made from): made as
+    # lines are applied, kept with the state in a checkpoint (store/checkpoint.py); a state restored without
+    # them is completed by the reader that needs them (search/snapshot.py)
+    content_hashes: list[str] = field(default_factory=list)
 
     def question_map(self) -> dict[str, list[str]]:
         """HyPE: record id -> the questions generated for it, for every live record that has them."""
@@ -547,6 +551,8 @@ def _record(scan: LogScan, rec: Record, number: int) -> None:
         return
     at = len(scan.records)
     scan.position[rid] = at
+    if len(scan.content_hashes) == at:  # complete so far: keep it so (else the reader fills it lazily)
+        scan.content_hashes.append(content_hash(embed_text(rec)))
     scan.records.append(rec)
     scan.line_of.append(number)
     if rec.get("hot") is True:
@@ -646,7 +652,8 @@ def from_state_doc(doc: dict[str, Any]) -> LogScan:
             value = {rid: {**info, "hashes": set(info["hashes"])} for rid, info in value.items()}
         kept[f.name] = value
     scan = LogScan(**kept)
-    if not (isinstance(scan.records, list) and isinstance(scan.applied, int) and len(scan.line_of) == len(scan.records)):
+    if not (isinstance(scan.records, list) and isinstance(scan.applied, int) and len(scan.line_of) == len(scan.records)
+            and isinstance(scan.content_hashes, list) and len(scan.content_hashes) <= len(scan.records)):
         raise ValueError("not a log state")
     return scan
 

@@ -31,7 +31,7 @@ def whole(path: Path) -> dict:
 def restored(path: Path) -> tuple[dict, bool]:
     """What a new process gets with the checkpoint, and whether it started from one."""
     log = RecordLog(path, checkpoint=True)
-    got = checkpoint.load(log.checkpoint, os.stat(path).st_ino) if log.checkpoint.exists() else None
+    got = checkpoint.load(log.checkpoint, path, os.stat(path).st_ino) if log.checkpoint.exists() else None
     return state_doc(log.scan()), got is not None
 
 
@@ -68,21 +68,27 @@ def test_a_checkpoint_of_another_log_or_user_or_content_is_never_used(project: P
     doc = json.loads(payload)
     doc["records"][0]["title"] = "planted"
     path.write_bytes(header + b"\n" + json.dumps(doc).encode())  # the payload no longer matches its hash
-    assert checkpoint.load(path, os.stat(log).st_ino) is None
+    assert checkpoint.load(path, log, os.stat(log).st_ino) is None
     state, _ = restored(log)
     assert state == whole(log) and "planted" not in json.dumps(state)
     unsigned = json.loads(header)
     unsigned["signature"] = "0" * 64
     path.write_bytes(json.dumps(unsigned).encode() + b"\n" + payload)  # not signed by this user's key
-    assert checkpoint.load(path, os.stat(log).st_ino) is None
+    assert checkpoint.load(path, log, os.stat(log).st_ino) is None
 
 
 def test_a_hand_edit_before_the_checkpoint_reads_the_whole_log(project: Path):
     log = busy_memory(project)
-    text = log.read_text()
-    log.write_text(text.replace("note 7 about caching", "note 7 about kittens"))  # same length, other bytes
-    state, _ = restored(log)
-    assert state == whole(log) and "kittens" in json.dumps(state)
+    assert index_records(project, [rec(f"filler {i}", "x" * 300, id=f"f{i}") for i in range(40)]).code == 0
+    assert log.stat().st_size > 4 * 4096  # the edit is far before the guard's last block
+    inode = log.stat().st_ino
+    with open(log, "r+b") as f:  # in place: same inode, same length, other bytes
+        data = f.read()
+        f.seek(0)
+        f.write(data.replace(b"note 7 about caching", b"note 7 about kittens"))
+    assert log.stat().st_ino == inode
+    state, from_checkpoint = restored(log)
+    assert not from_checkpoint and state == whole(log) and "kittens" in json.dumps(state)
 
 
 def test_redact_and_compact_delete_the_checkpoint_with_the_text_it_holds(project: Path):

@@ -98,8 +98,13 @@ class Snapshot:
         """Every record line read so far, by position (dead ones too)."""
         return self.scan.records if self.scan is not None else []
 
+    @property
+    def hashes(self) -> list[str]:
+        """The content hashes computed so far (``ensure_hashes``), kept on the log's state so that a
+        checkpoint carries them to the next process (``store/checkpoint.py``)."""
+        return self.scan.content_hashes if self.scan is not None else []
+
     def _reset(self) -> None:
-        self.hashes: list[str] = []
         self.lexical: PostingsBM25 | None = None
         self.lexical_saved = 0  # records covered by the persisted lexical cache
         self.lexical_saved_deaths = 0  # deaths it had applied

@@ -50,7 +50,6 @@ from ..fsio import (
     read_regular,
 )
 from ..index.vectors import (
-    EXACT_LIMIT,
     PIECE_LAMBDA,
     PIECE_RULE,
     QUESTION_RULE,
@@ -306,9 +305,7 @@ class DerivedCache:
                             hnsw_sha256=(files.get("index") or {}).get("sha256"), pieces=pieces,
                             pieces_path=paths.get("pieces"), questions=questions)
         if ours:
-            index.trust_graph()
-        elif graph is not None and count > EXACT_LIMIT:
-            index.verify_graph()
+            index.trust_graph()  # (else the graph's sha256 is checked before hnswlib first reads it: hnsw())
         return index
 
     @staticmethod

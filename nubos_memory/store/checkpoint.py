@@ -2,10 +2,11 @@
 
 A one-shot call at 100k records spent most of its time parsing and checking every line of
 ``records.jsonl`` (issue 27).  ``log-checkpoint.json`` keeps the state those lines amount to
-(``log.state_doc``) at ``applied`` bytes, with the log's inode and the block before that point
-(the same guard an incremental read checks: ``recordlog.FileCursor``).  A process that opens the
-memory restores it and reads only what was appended since; a checkpoint whose log was replaced or
-edited before that point is ignored (the log is read whole, as without one).
+(``log.state_doc``) at ``applied`` bytes, with the log's inode, the sha256 of those bytes and the
+block before that point (the guard an incremental read checks: ``recordlog.FileCursor``).  A process
+that opens the memory hashes the log's first ``applied`` bytes (a read, no parse: ~0.05 s at 100k
+records), restores the state when they are the ones checkpointed and reads only what was appended
+since; a log replaced or edited anywhere before that point is read whole, as without a checkpoint.
 
 It is derived data like the manifest: one header line, signed with this user's key
 (``trust.py``), naming the sha256 and length of the payload line that follows; a checkpoint this
@@ -26,17 +27,17 @@ from typing import Any
 
 from ..fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads
 from ..log import LogScan, from_state_doc, state_doc
-from ..trust import available, sign, verify
+from ..trust import available, file_sha256, sign, verify
 
 NAME = "log-checkpoint.json"
-FORMAT = 1
+FORMAT = 2
 MIN_TAIL = 1 << 20  # bytes read past the checkpoint before a reader writes a new one
 SHARE_GROWN = 4  # ... and at least 1/SHARE_GROWN of what it holds
 
 
-def load(path: Path, inode: int) -> "tuple[LogScan, bytes] | None":
-    """The state a checkpoint of the log with ``inode`` holds, and its guard; None when there is no
-    usable one (missing, of another log, not signed by this user, damaged)."""
+def load(path: Path, log: Path, inode: int) -> "tuple[LogScan, bytes] | None":
+    """The state a checkpoint of ``log`` (whose inode is ``inode``) holds, and its guard; None when there is
+    no usable one (missing, of another log or other bytes, not signed by this user, damaged)."""
     try:
         with open(path, "rb") as f:
             header_line = f.readline()
@@ -48,7 +49,7 @@ def load(path: Path, inode: int) -> "tuple[LogScan, bytes] | None":
             return None
         scan = from_state_doc(loads(payload))
         guard = base64.b64decode(header["guard"])
-        if scan.applied != header.get("applied"):
+        if scan.applied != header.get("applied") or file_sha256(log, scan.applied) != header.get("prefix"):
             return None
     except (OSError, JSONDecodeError, KeyError, TypeError, ValueError):
         return None
@@ -62,12 +63,17 @@ def due(scan: LogScan, held: int) -> bool:
     return scan.partial_tail is None and tail >= MIN_TAIL and tail * SHARE_GROWN >= held
 
 
-def save(path: Path, scan: LogScan, inode: int, guard: bytes) -> bool:
-    """Write the checkpoint of ``scan`` (best effort: it is derived data); whether it was written."""
+def save(path: Path, log: Path, scan: LogScan, inode: int, guard: bytes) -> bool:
+    """Write the checkpoint of ``scan``, the state of ``log`` (best effort: it is derived data); whether it
+    was written."""
     if not available():
         return False
+    try:
+        prefix = file_sha256(log, scan.applied)
+    except OSError:
+        return False
     payload = dumps(state_doc(scan))
-    header: dict[str, Any] = sign({"format": FORMAT, "inode": inode, "applied": scan.applied,
+    header: dict[str, Any] = sign({"format": FORMAT, "inode": inode, "applied": scan.applied, "prefix": prefix,
                                    "guard": base64.b64encode(guard).decode(), "bytes": len(payload),
                                    "sha256": hashlib.sha256(payload).hexdigest()})
     try:

@@ -65,7 +65,7 @@ class RecordLog:
         try:
             st = os.fstat(fd)
             if scan is None and self.checkpoint is not None:
-                got = checkpoints.load(self.checkpoint, st.st_ino)
+                got = checkpoints.load(self.checkpoint, self.path, st.st_ino)
                 if got is not None:
                     scan, guard = got
                     cursor = scan.cursor = FileCursor(st.st_ino, guard)
@@ -98,7 +98,7 @@ class RecordLog:
         read; None: an in-process state, not a new process), write a new checkpoint when it is due."""
         if self.checkpoint is not None and held is not None and checkpoints.due(scan, held) \
                 and isinstance(scan.cursor, FileCursor):
-            checkpoints.save(self.checkpoint, scan, scan.cursor.inode, scan.cursor.guard)
+            checkpoints.save(self.checkpoint, self.path, scan, scan.cursor.inode, scan.cursor.guard)
 
     def drop_checkpoint(self) -> None:
         """Before the log is rewritten (compaction, redaction): the checkpoint holds its text."""
