@@ -96,6 +96,17 @@ def wait_for(driver: Any, css: str) -> Any:
     return WebDriverWait(driver, 30).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
 
 
+def status_says(driver: Any, text: str) -> bool:
+    """Whether the page's status line comes to say ``text`` (the page that follows a form's post may still be
+    loading: the previous page's status element goes stale, and is looked for again)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return bool(WebDriverWait(driver, 30, ignored_exceptions=(StaleElementReferenceException, NoSuchElementException))
+                .until(lambda d: text in d.find_element(By.CSS_SELECTOR, "[role=status]").text))
+
+
 def test_search_open_pin_forget_and_health(driver, site, shots, project):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -155,7 +166,7 @@ def test_search_open_pin_forget_and_health(driver, site, shots, project):
 
     # pin it
     driver.find_element(By.XPATH, "//button[text()='Pin']").click()
-    assert "Done: pinned" in wait_for(driver, "[role=status]").text
+    assert status_says(driver, "Done: pinned")
     assert driver.find_elements(By.XPATH, "//button[text()='Unpin']")
     scan = Memory.open(project).scan()
     assert scan.position[ids["pnpm"]] in scan.hot_positions()
@@ -163,7 +174,7 @@ def test_search_open_pin_forget_and_health(driver, site, shots, project):
     # forget it, with a reason
     reason = driver.find_element(By.NAME, "reason")
     reason.send_keys("superseded by ADR-7", Keys.ENTER)
-    assert "Done: forgotten" in wait_for(driver, "[role=status]").text
+    assert status_says(driver, "Done: forgotten")
     assert driver.find_element(By.CSS_SELECTOR, "p.status").text.startswith("retired")
     assert "superseded by ADR-7" in driver.find_element(By.CSS_SELECTOR, "ol.history").text
     got = Memory.open(project).get([ids["pnpm"]])["records"][0]

@@ -109,3 +109,49 @@ def test_the_library_and_a_warm_process_see_what_the_checkpoint_gives(project: P
     mem = Memory.open(project)
     live = sorted(mem.scan().ids())
     assert "n3" not in live and "n5" not in live and len(live) == 29
+
+
+# -- found by review (helper red team): a redaction racing a reader, planted files, a redaction in the tail --
+def test_no_checkpoint_is_written_while_another_holds_the_write_lock(project: Path):
+    log = busy_memory(project)
+    path = log.parent / checkpoint.NAME
+    checkpoint.drop(path)
+    holder, reader = Memory.open(project).store, Memory.open(project).store  # two processes' worth of stores
+    with holder.lock("memory-redact"):  # a redaction or a compaction may be rewriting the log
+        reader.refresh(None)
+        assert not path.exists()
+    reader.refresh(None)
+    assert path.exists()
+
+
+def test_a_planted_folder_or_fifo_never_blocks_a_read_or_a_redaction(project: Path):
+    import threading
+
+    log = busy_memory(project)
+    path = log.parent / checkpoint.NAME
+    checkpoint.drop(path)
+    os.mkfifo(path)
+    done: list[dict] = []
+    reader = threading.Thread(target=lambda: done.append(state_doc(RecordLog(log, checkpoint=True).scan())))
+    reader.start()
+    reader.join(20)
+    assert not reader.is_alive() and done and done[0] == whole(log)  # a FIFO there: read whole, no hang
+    path.unlink()
+    path.mkdir()  # a folder a clone planted there
+    (path / "x").write_text("x")
+    assert run_cli(["memory-redact", "--root", str(project), "n9"]).code == 0
+    assert not path.is_dir() and b"body 9" not in log.read_bytes()
+    assert not path.exists() or b"body 9" not in path.read_bytes()
+
+
+def test_a_redaction_appended_after_the_checkpoint_reads_the_whole_log(project: Path):
+    from nubos_memory.log import redact_lines
+
+    log = busy_memory(project)
+    raw = next(line for line in log.read_bytes().splitlines(keepends=True) if b'"id":"n11"' in line)
+    redacted, _ = redact_lines([raw], {"n11"}, "by hand")
+    with open(log, "ab") as f:  # appended by hand (a merge): it applies to the line before the checkpoint
+        f.write(redacted[0])
+    state, _ = restored(log)
+    assert state == whole(log)
+    assert "n11" not in {r["id"] for r in state["records"]}

@@ -9,12 +9,15 @@ records), restores the state when they are the ones checkpointed and reads only 
 since; a log replaced or edited anywhere before that point is read whole, as without a checkpoint.
 
 It is derived data like the manifest: one header line, signed with this user's key
-(``trust.py``), naming the sha256 and length of the payload line that follows; a checkpoint this
-user did not write, or whose payload does not match, is never used.  It is written aside and swapped
-in atomically, owner-only, by whichever reader found a tail at least ``MIN_TAIL`` bytes long and a
-quarter of what the checkpoint holds (so a year of writes rewrites it O(log n) times), and never
-while a write is in progress.  It holds the records' text: every rewrite of the log (compaction,
-import, redaction) deletes it first.
+(``trust.py``), naming the rules that parsed the log (``RULES``: a version that reads lines otherwise
+never restores another's state) and the sha256 and length of the payload line that follows; a
+checkpoint this user did not write, or whose payload does not match, is never used, and a tail that
+holds a redaction is read whole (a redaction applies to lines before it).  It is written aside and
+swapped in atomically, owner-only, by a reader that found a tail at least ``MIN_TAIL`` bytes long and
+a quarter of what the checkpoint holds (so a year of writes rewrites it O(log n) times) and could take
+the write lock without waiting (``FileStore.refresh``), so no save overlaps a redaction or a
+compaction, which delete it (and any temporary copy) before and after they rewrite the log: it holds
+the records' text.
 """
 
 from __future__ import annotations
@@ -22,15 +25,20 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
-from ..fsio import FILE_MODE, JSONDecodeError, atomic_write_bytes, dumps, loads
+from .. import __version__
+from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, loads, open_regular
 from ..log import LogScan, from_state_doc, state_doc
+from ..records import EMBED_TEMPLATE, SCHEMA_VERSION
 from ..trust import available, file_sha256, sign, verify
 
 NAME = "log-checkpoint.json"
-FORMAT = 2
+FORMAT = 3
+RULES = f"{__version__} schema {SCHEMA_VERSION} {EMBED_TEMPLATE}"  # what turned the lines into the state
+MAX_HEADER = 64 * 1024
 MIN_TAIL = 1 << 20  # bytes read past the checkpoint before a reader writes a new one
 SHARE_GROWN = 4  # ... and at least 1/SHARE_GROWN of what it holds
 
@@ -39,13 +47,16 @@ def load(path: Path, log: Path, inode: int) -> "tuple[LogScan, bytes] | None":
     """The state a checkpoint of ``log`` (whose inode is ``inode``) holds, and its guard; None when there is
     no usable one (missing, of another log or other bytes, not signed by this user, damaged)."""
     try:
-        with open(path, "rb") as f:
-            header_line = f.readline()
+        fd = open_regular(path, os.O_RDONLY)  # never a FIFO, a device or a link
+        with os.fdopen(fd, "rb") as f:
+            header_line = f.readline(MAX_HEADER)
+            header = loads(header_line)
+            if not (isinstance(header, dict) and header.get("format") == FORMAT and header.get("rules") == RULES
+                    and header.get("inode") == inode and verify(header)
+                    and header.get("bytes") == os.fstat(f.fileno()).st_size - len(header_line)):
+                return None
             payload = f.read()
-        header = loads(header_line)
-        if not (isinstance(header, dict) and header.get("format") == FORMAT and header.get("inode") == inode
-                and verify(header) and header.get("bytes") == len(payload)
-                and header.get("sha256") == hashlib.sha256(payload).hexdigest()):
+        if header.get("sha256") != hashlib.sha256(payload).hexdigest():
             return None
         scan = from_state_doc(loads(payload))
         guard = base64.b64decode(header["guard"])
@@ -64,29 +75,36 @@ def due(scan: LogScan, held: int) -> bool:
 
 
 def save(path: Path, log: Path, scan: LogScan, inode: int, guard: bytes) -> bool:
-    """Write the checkpoint of ``scan``, the state of ``log`` (best effort: it is derived data); whether it
-    was written."""
+    """Under the write lock (no rewrite of the log can be under way): write the checkpoint of ``scan``, the
+    state of ``log`` whose inode is ``inode`` (best effort: it is derived data); whether it was written."""
     if not available():
         return False
     try:
+        if os.stat(log).st_ino != inode:  # the log was replaced since it was read: its state is not this
+            return False
         prefix = file_sha256(log, scan.applied)
     except OSError:
         return False
     payload = dumps(state_doc(scan))
-    header: dict[str, Any] = sign({"format": FORMAT, "inode": inode, "applied": scan.applied, "prefix": prefix,
-                                   "guard": base64.b64encode(guard).decode(), "bytes": len(payload),
-                                   "sha256": hashlib.sha256(payload).hexdigest()})
+    header: dict[str, Any] = sign({"format": FORMAT, "rules": RULES, "inode": inode, "applied": scan.applied,
+                                   "prefix": prefix, "guard": base64.b64encode(guard).decode(),
+                                   "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()})
     try:
         atomic_write_bytes(path, dumps(header) + b"\n" + payload)
-        os.chmod(path, FILE_MODE)
     except OSError:
         return False
     return True
 
 
 def drop(path: Path) -> None:
-    """Delete the checkpoint (the log is being rewritten: the text it holds may be going away)."""
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
+    """Delete the checkpoint and any temporary copy a killed reader left (the log is being rewritten: the
+    text they hold may be going away).  Whatever is there goes, a folder a clone planted included; a
+    failure never stops the rewrite (derived data)."""
+    for found in [path, *path.parent.glob(f".{path.name}.*.tmp")]:
+        try:
+            if found.is_dir() and not found.is_symlink():
+                shutil.rmtree(found, ignore_errors=True)
+            else:
+                found.unlink(missing_ok=True)
+        except OSError:
+            pass

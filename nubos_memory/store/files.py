@@ -153,7 +153,16 @@ class FileStore(LocalDerivedState):
 
     # -- the log -----------------------------------------------------------------------------
     def refresh(self, scan: LogScan | None) -> LogScan:
-        return self.log.refresh(scan)
+        fresh = self.log.refresh(scan)
+        if self.log.save_due is fresh:  # a checkpoint, only while no writer can be rewriting the log
+            self.log.save_due = None
+            try:
+                with self.try_lock("memory-checkpoint") as got:
+                    if got:
+                        self.log.save_checkpoint(fresh)
+            except (StoreError, OSError):
+                pass  # derived data: the next reader tries again
+        return fresh
 
     def append(self, records: "Sequence[Record]", ops: Sequence[dict[str, Any]] = ()) -> None:
         self.log.append(records, ops)
@@ -194,6 +203,7 @@ class FileStore(LocalDerivedState):
                 atomic_write_bytes(torn, b"".join(kept))
                 files.append(torn.name)
         self.lexcache.invalidate()
+        self.log.drop_checkpoint()  # and after: nothing may have kept the text meanwhile
         return {"lines": len(found), "ids": sorted(set(found)), "files": files}
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
@@ -211,6 +221,7 @@ class FileStore(LocalDerivedState):
         crash_point("compact-backup-made")
         self.log.drop_checkpoint()
         atomic_write_bytes(path, b"".join(dumps(r) + b"\n" for r in records))
+        self.log.drop_checkpoint()
         self.lexcache.invalidate()
         return {"backup": backup.name if before else None, "bytes": {"before": before, "after": path.stat().st_size}}
 

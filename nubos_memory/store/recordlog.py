@@ -42,6 +42,7 @@ class RecordLog:
         self.path = path
         # the state kept beside the log for new processes (``checkpoint.py``; the store's own log only)
         self.checkpoint = path.with_name(checkpoints.NAME) if checkpoint else None
+        self.save_due: LogScan | None = None  # a state worth a new checkpoint (the store saves it under the lock)
 
     def scan(self) -> LogScan:
         """Parse the whole file (see module docstring for how damage is handled)."""
@@ -76,7 +77,8 @@ class RecordLog:
                     back = min(GUARD, scan.applied)
                     f.seek(scan.applied - back)
                     data = f.read()
-                    if data[:back] == cursor.guard:
+                    # (a tail holding a redaction is read whole: it applies to lines before it)
+                    if data[:back] == cursor.guard and not (held >= 0 and b'"redact"' in data[back:]):
                         if len(data) - back == scan.size - scan.applied and scan.size == st.st_size:
                             return scan  # unchanged
                         self._feed(scan, data, back, st.st_ino)
@@ -95,9 +97,13 @@ class RecordLog:
 
     def _keep(self, scan: LogScan, held: int | None) -> None:
         """After a read that started from a checkpoint of ``held`` applied bytes (0: the whole log was
-        read; None: an in-process state, not a new process), write a new checkpoint when it is due."""
-        if self.checkpoint is not None and held is not None and checkpoints.due(scan, held) \
-                and isinstance(scan.cursor, FileCursor):
+        read; None: an in-process state, not a new process), note a new checkpoint as due."""
+        self.save_due = scan if self.checkpoint is not None and held is not None and checkpoints.due(scan, held) \
+            and isinstance(scan.cursor, FileCursor) else None
+
+    def save_checkpoint(self, scan: LogScan) -> None:
+        """Under the write lock: the checkpoint :meth:`refresh` found due for ``scan``."""
+        if self.checkpoint is not None and isinstance(scan.cursor, FileCursor):
             checkpoints.save(self.checkpoint, self.path, scan, scan.cursor.inode, scan.cursor.guard)
 
     def drop_checkpoint(self) -> None:
