@@ -128,9 +128,9 @@ class LogScan:
     redaction_checked: set[int] = field(default_factory=set)  # positions of a redacted id found not to match
     hot: set[int] = field(default_factory=set)  # positions pinned (by field or pin op); dead ones are not hot
     questions: dict[int, dict[str, Any]] = field(default_factory=dict)  # position -> {questions, model, at, line}
-    # the content hash of each record's embedded text, by position (what its vector was made from): made as
-    # lines are applied, kept with the state in a checkpoint (store/checkpoint.py); a state restored without
-    # them is completed by the reader that needs them (search/snapshot.py)
+    # the content hash of each record's embedded text, by position (what its vector was made from): made on
+    # first need (``fill_content_hashes``: a vector search, a checkpoint) and kept with the state in a
+    # checkpoint (store/checkpoint.py), so a new process need not make them again; records never change
     content_hashes: list[str] = field(default_factory=list)
 
     def question_map(self) -> dict[str, list[str]]:
@@ -551,8 +551,6 @@ def _record(scan: LogScan, rec: Record, number: int) -> None:
         return
     at = len(scan.records)
     scan.position[rid] = at
-    if len(scan.content_hashes) == at:  # complete so far: keep it so (else the reader fills it lazily)
-        scan.content_hashes.append(content_hash(embed_text(rec)))
     scan.records.append(rec)
     scan.line_of.append(number)
     if rec.get("hot") is True:
@@ -656,6 +654,14 @@ def from_state_doc(doc: dict[str, Any]) -> LogScan:
             and isinstance(scan.content_hashes, list) and len(scan.content_hashes) <= len(scan.records)):
         raise ValueError("not a log state")
     return scan
+
+
+def fill_content_hashes(scan: LogScan) -> list[str]:
+    """``scan.content_hashes`` for every record, the missing ones made now (in position order)."""
+    hashes, records = scan.content_hashes, scan.records
+    for pos in range(len(hashes), len(records)):
+        hashes.append(content_hash(embed_text(records[pos])))
+    return hashes
 
 
 def restart(previous: LogScan | None) -> LogScan:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nubos_memory.api.memory import Memory
-from nubos_memory.log import state_doc
+from nubos_memory.log import LogScan, fill_content_hashes, state_doc
 from nubos_memory.store import checkpoint
 from nubos_memory.store.recordlog import RecordLog
 
@@ -23,16 +23,22 @@ def small_tail(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(checkpoint, "MIN_TAIL", 1)  # every read that moved writes one (1 MiB by default)
 
 
+def full(scan: LogScan) -> dict:
+    """The state, with every record's content hash (made on first need: a restored state carries them)."""
+    fill_content_hashes(scan)
+    return state_doc(scan)
+
+
 def whole(path: Path) -> dict:
     """What reading every line gives (no checkpoint)."""
-    return state_doc(RecordLog(path).scan())
+    return full(RecordLog(path).scan())
 
 
 def restored(path: Path) -> tuple[dict, bool]:
     """What a new process gets with the checkpoint, and whether it started from one."""
     log = RecordLog(path, checkpoint=True)
     got = checkpoint.load(log.checkpoint, path, os.stat(path).st_ino) if log.checkpoint.exists() else None
-    return state_doc(log.scan()), got is not None
+    return full(log.scan()), got is not None
 
 
 def busy_memory(project: Path) -> Path:
@@ -132,7 +138,7 @@ def test_a_planted_folder_or_fifo_never_blocks_a_read_or_a_redaction(project: Pa
     checkpoint.drop(path)
     os.mkfifo(path)
     done: list[dict] = []
-    reader = threading.Thread(target=lambda: done.append(state_doc(RecordLog(log, checkpoint=True).scan())))
+    reader = threading.Thread(target=lambda: done.append(full(RecordLog(log, checkpoint=True).scan())))
     reader.start()
     reader.join(20)
     assert not reader.is_alive() and done and done[0] == whole(log)  # a FIFO there: read whole, no hang

@@ -237,6 +237,13 @@ def h(request: pytest.FixtureRequest, stores: Stores) -> Harness:
 
 
 # -- the log -------------------------------------------------------------------------------------------
+def _generation_inputs(fingerprint: str, dim: int, n: int, *, seed: int) -> tuple[dict[str, Any], np.ndarray]:
+    """A hash-model embedding spec under ``fingerprint`` and ``n`` seeded unit vectors of ``dim``."""
+    rows = np.random.default_rng(seed).normal(size=(n, dim)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    return {"provider": "hash", "model": f"hash-{dim}", "dim": dim, "fingerprint": fingerprint}, rows
+
+
 class TestStoreContract:
     """Every scenario runs once per store (``h``); see the module docstring."""
 
@@ -445,10 +452,7 @@ class TestStoreContract:
     def test_commit_and_load_a_vector_generation(self, h: Harness):
         store = h.store
         dim = 8
-        embedding = {"provider": "hash", "model": f"hash-{dim}", "dim": dim, "fingerprint": "contract-" + h.kind}
-        rng = np.random.default_rng(7)
-        rows = rng.normal(size=(3, dim)).astype(np.float32)
-        rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+        embedding, rows = _generation_inputs("contract-" + h.kind, dim, 3, seed=7)
         assert store.read_manifest() is None and store.load_current() == (None, None)
         with store.lock("memory-rebuild"):
             first = store.commit(ids=["v1", "v2"], hashes=["h1", "h2"], vectors=rows[:2], embedding=embedding,
@@ -476,10 +480,7 @@ class TestStoreContract:
     def test_a_generation_keeps_the_pieces_of_several_piece_records(self, h: Harness):
         store = h.store
         dim = 8
-        embedding = {"provider": "hash", "model": f"hash-{dim}", "dim": dim, "fingerprint": "pieces-" + h.kind}
-        rng = np.random.default_rng(11)
-        unit = rng.normal(size=(9, dim)).astype(np.float32)
-        unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+        embedding, unit = _generation_inputs("pieces-" + h.kind, dim, 9, seed=11)
         rows, parts = unit[:3], unit[3:]
         with store.lock("memory-rebuild"):  # v1 in two pieces, v2 in one (none kept)
             first = store.commit(ids=["v1", "v2"], hashes=["h1", "h2"], vectors=rows[:2], embedding=embedding,

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..tokenize import estimate_tokens
@@ -75,6 +76,12 @@ def fit_budget(hits: list[Hit], max_tokens: int) -> tuple[list[Hit], dict[str, A
     return kept, {"max_tokens": max_tokens, "used": used, "skipped": skipped}
 
 
+def first_ten(items: list[Any], show: "Callable[[Any], str]") -> str:
+    """The first ten of ``items`` as ``show`` writes each, and how many more there are."""
+    more = f" and {len(items) - 10} more" if len(items) > 10 else ""
+    return ", ".join(show(item) for item in items[:10]) + more
+
+
 def answer_notes(result: Any, degraded_means: str) -> list[str]:
     """What a markdown block says first about the answer itself: a degraded (keyword-only) answer,
     with ``degraded_means`` saying what that left, and each warning."""
@@ -101,10 +108,9 @@ def render_markdown(result: QueryResult | dict[str, Any]) -> str:
     budget = result.get("budget") or {}
     skipped = budget.get("skipped") or []
     if skipped:
-        shown = ", ".join(f"{s['id']} ({s['tokens']} tokens)" for s in skipped[:10])
-        more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+        shown = first_ten(skipped, lambda s: f"{s['id']} ({s['tokens']} tokens)")
         notes.append(f"> {len(skipped)} matching hit(s) left out to fit max_tokens={budget['max_tokens']}: "
-                     f"{shown}{more}. Raise max_tokens or lower k to see them.")
+                     f"{shown}. Raise max_tokens or lower k to see them.")
     if notes:
         lines += [*notes, ""]
     if not hits:

@@ -21,6 +21,7 @@ from ..progress import Reporter, stage
 from ..records import embed_text
 from ..search.sideweight import estimate
 from ..search.snapshot import VectorState
+from .vectorsync import held_questions, questions_wanted
 from .writepath import save_lexical
 
 if TYPE_CHECKING:
@@ -101,17 +102,18 @@ class Rebuild:
                   ) -> dict[int, tuple[str, np.ndarray]]:
         """HyPE: each row's question vectors, from the log's questions (reused from ``current`` when made
         from the same questions, else embedded as ``VectorSync`` embeds them: never a generator call)."""
+        want = questions_wanted(scan)
+        held = held_questions(current, want) if current is not None else {}
         out: dict[int, tuple[str, np.ndarray]] = {}
         fresh: dict[str, list[str]] = {}
         row_of: dict[str, int] = {}
         for row, p in enumerate(live):
-            items = list(scan.questions[p]["questions"]) if p in scan.questions else []
-            if not items:
+            rid = scan.records[p]["id"]
+            if rid not in want:
                 continue
-            rid, key = scan.records[p]["id"], question_key(items)
+            key, items = want[rid]
             label = current.label_of.get(rid) if current is not None else None
-            if current is not None and current.questions is not None and label is not None \
-                    and current.questions.keys.get(label) == key:
+            if current is not None and current.questions is not None and label in held:
                 out[row] = (key, current.questions.rows.rows_of(label))
             else:
                 fresh[rid], row_of[rid] = items, row

@@ -30,7 +30,7 @@ from ..log import LogScan, pin_op
 from ..records import iso_to_epoch, valid_id
 from ..search.timeline import expiry
 from .anchors import weigh_freshness
-from .context import answer_notes, fit_budget, render_hit
+from .context import answer_notes, first_ten, fit_budget, render_hit
 from .gitstate import mark_merged
 from .writepath import settled_scan
 
@@ -221,10 +221,9 @@ def render_context(result: "ContextResult | dict[str, Any]") -> str:
     budget = result["budget"]
     left = budget.get("left_out") or []
     if left:
-        shown = ", ".join(f"{s['id']} ({s['section']}, {s['tokens']} tokens)" for s in left[:10])
-        more = f" and {len(left) - 10} more" if len(left) > 10 else ""
+        shown = first_ten(left, lambda s: f"{s['id']} ({s['section']}, {s['tokens']} tokens)")
         notes.append(f"> {len(left)} record(s) left out to fit max_tokens={budget['max_tokens']} (hot records take "
-                     f"at most {round(budget['shares']['hot'] * 100)} %): {shown}{more}.")
+                     f"at most {round(budget['shares']['hot'] * 100)} %): {shown}.")
     if notes:
         lines += [*notes, ""]
     sections = cast("dict[str, ContextSection]", result["sections"])

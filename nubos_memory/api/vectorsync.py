@@ -31,12 +31,29 @@ if TYPE_CHECKING:
     from ..config import MemoryConfig
     from ..embed.base import Embedder
     from ..index.vectors import VectorIndex
+    from ..log import LogScan
     from ..store.base import Store
     from ..types import Embedding, Manifest
 
 EMBED_BATCH = 256
 BUDGET_CHUNK = 32  # texts embedded between two looks at the clock, when a call has a time budget
 SPEC_SHOWN = ("provider", "model", "files", "dim", "template", "pooling")
+
+
+def questions_wanted(scan: "LogScan") -> dict[str, tuple[str, list[str]]]:
+    """HyPE: record id -> (``question_key``, questions) of every live record the log gives questions."""
+    return {scan.records[pos]["id"]: (question_key(q["questions"]), list(q["questions"]))
+            for pos, q in scan.questions.items() if pos not in scan.dead and q["questions"]}
+
+
+def held_questions(index: "VectorIndex", want: dict[str, tuple[str, list[str]]]) -> dict[int, str]:
+    """The labels whose question vectors still match the log (``want``): the latest label of a record whose
+    questions in the log are the ones they were made from (label -> key)."""
+    if index.questions is None:
+        return {}
+    return {label: key for label, key in index.questions.keys.items()
+            if label < len(index.ids) and index.label_of.get(index.ids[label]) == label
+            and want.get(index.ids[label], ("",))[0] == key}
 
 
 class VectorSync:
@@ -286,11 +303,8 @@ class VectorSync:
         scan, index = self.snap.scan, state.index
         if scan is None or index is None or (not scan.questions and index.questions is None):
             return
-        want: dict[str, tuple[str, list[str]]] = {}  # record id -> (key, questions): the log's
-        for pos, q in scan.questions.items():
-            if pos not in scan.dead and q["questions"]:
-                want[scan.records[pos]["id"]] = (question_key(q["questions"]), list(q["questions"]))
-        held = self._held_questions(index, want)
+        want = questions_wanted(scan)
+        held = held_questions(index, want)
         todo = {rid: items for rid, (key, items) in want.items()
                 if rid in index.label_of and held.get(index.label_of[rid]) != key}
         stale = index.questions is not None and set(index.questions.keys) - set(held)
@@ -302,7 +316,7 @@ class VectorSync:
             if manifest is None or current is None or self.mismatch(manifest, self.embedder.dim) is not None:
                 return
             dim = current.dim
-            keep = self._held_questions(current, want)
+            keep = held_questions(current, want)
             by_label = {label: block for label, block in current.questions.rows.by_label().items() if label in keep} \
                 if current.questions is not None else {}
             for rid, block in rows.items():
@@ -316,16 +330,6 @@ class VectorSync:
                               pieces=Pieces.empty(dim) if keeps else None,
                               questions=Questions(Pieces.of_labels(by_label, dim), keep))
             state.manifest, state.index, state.labels = self.snap.vectors()
-
-    @staticmethod
-    def _held_questions(index: "VectorIndex", want: dict[str, tuple[str, list[str]]]) -> dict[int, str]:
-        """The labels whose question vectors still match the log: the live label of a record that has
-        these questions in the log (label -> key)."""
-        if index.questions is None:
-            return {}
-        return {label: key for label, key in index.questions.keys.items()
-                if label < len(index.ids) and index.label_of.get(index.ids[label]) == label
-                and want.get(index.ids[label], ("",))[0] == key}
 
     def embed_questions(self, todo: dict[str, list[str]]) -> dict[str, np.ndarray]:
         """The usable vectors of each record's questions, embedded as queries (they are matched against

@@ -64,7 +64,7 @@ class ParagraphHashEmbedder(HashEmbedder):
     scoring (``index/vectors.py``) for tests and benchmarks."""
 
     def embed_parts(self, texts: list[str]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
-        from .pooling import pool_pieces, several_pieces
+        from .pooling import pooled_parts
 
         pieces: list[str] = []
         owner: list[int] = []
@@ -72,10 +72,7 @@ class ParagraphHashEmbedder(HashEmbedder):
             parts = [p for p in text.split("\n\n") if p.strip()] or [text]
             pieces += parts
             owner += [i] * len(parts)
-        vecs, rows = HashEmbedder.embed(self, pieces), np.asarray(owner)
-        if len(pieces) == len(texts):
-            return vecs, {}
-        return pool_pieces(vecs, rows, len(texts)), several_pieces(vecs, rows)
+        return pooled_parts(HashEmbedder.embed(self, pieces), owner, len(texts))
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.embed_parts(texts)[0]

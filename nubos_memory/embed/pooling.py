@@ -80,10 +80,17 @@ def embed_parts_with(runtime: Runtime, texts: list[str]) -> "tuple[np.ndarray, d
                             or len(runtime.token_starts(texts)[0]) <= runtime.window):
         return runtime.encode(texts), {}
     pieces, owner = pieces_for(runtime, texts)
-    vecs = runtime.encode(pieces)
-    if len(pieces) == len(texts):  # everything fit the window: nothing to pool
+    return pooled_parts(runtime.encode(pieces), owner, len(texts))
+
+
+def pooled_parts(vecs: np.ndarray, owner: "list[int] | np.ndarray", n: int
+                 ) -> "tuple[np.ndarray, dict[int, np.ndarray]]":
+    """``n`` texts' vectors from their pieces' (``vecs``, the text each belongs to: ``owner``), and the
+    pieces of the texts that have several (what :func:`embed_parts_with` returns)."""
+    if len(vecs) == n:  # everything fit the window: nothing to pool
         return vecs, {}
-    return pool_pieces(vecs, np.asarray(owner), len(texts)), several_pieces(vecs, np.asarray(owner))
+    rows = np.asarray(owner)
+    return pool_pieces(vecs, rows, n), several_pieces(vecs, rows)
 
 
 def several_pieces(vecs: np.ndarray, owner: np.ndarray) -> dict[int, np.ndarray]:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..embed.base import Embedder
-from ..embed.pooling import pool_pieces, several_pieces
+from ..embed.pooling import pooled_parts
 from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, ensure_dir, loads
 
 
@@ -80,9 +80,8 @@ class CachedEmbedder(Embedder):
             return self.embed(texts), {}
         pieces, owner = split(texts)
         if len(pieces) == len(texts):
-            return self.embed(texts), {}
-        vecs, rows = self.embed(pieces), np.asarray(owner)
-        return pool_pieces(vecs, rows, len(texts)), several_pieces(vecs, rows)
+            return self.embed(texts), {}  # (remembered by the whole text, as before pieces were kept)
+        return pooled_parts(self.embed(pieces), owner, len(texts))
 
     def save(self) -> None:
         if len(self._keys) == self._saved:

@@ -19,7 +19,8 @@ from .. import codes
 from ..errors import StoreError
 from ..index.lexical import PostingsBM25
 from ..index.vectors import VectorIndex
-from ..records import content_hash, embed_text, iso_to_epoch, lexical_text, phase_matches
+from ..log import fill_content_hashes
+from ..records import iso_to_epoch, lexical_text, phase_matches
 from ..tokenize import tokenize
 from .neighbours import gate, live_neighbours
 from .timeline import Timeline
@@ -170,10 +171,7 @@ class Snapshot:
 
     def ensure_hashes(self) -> list[str]:
         """Content hashes of every record's embedded text (computed once, only when vectors matter)."""
-        records = self.scan.records if self.scan else []
-        for pos in range(len(self.hashes), len(records)):
-            self.hashes.append(content_hash(embed_text(records[pos])))
-        return self.hashes
+        return fill_content_hashes(self.scan) if self.scan is not None else []
 
     # -- lexical -------------------------------------------------------------------
     def lexical_engine(self) -> PostingsBM25:

@@ -31,7 +31,7 @@ from typing import Any
 
 from .. import __version__
 from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, loads, open_regular
-from ..log import LogScan, from_state_doc, state_doc
+from ..log import LogScan, fill_content_hashes, from_state_doc, state_doc
 from ..records import EMBED_TEMPLATE, SCHEMA_VERSION
 from ..trust import available, file_sha256, sign, verify
 
@@ -85,6 +85,7 @@ def save(path: Path, log: Path, scan: LogScan, inode: int, guard: bytes) -> bool
         prefix = file_sha256(log, scan.applied)
     except OSError:
         return False
+    fill_content_hashes(scan)  # made once here, so that no later process makes them again
     payload = dumps(state_doc(scan))
     header: dict[str, Any] = sign({"format": FORMAT, "rules": RULES, "inode": inode, "applied": scan.applied,
                                    "prefix": prefix, "guard": base64.b64encode(guard).decode(),
