@@ -20,7 +20,8 @@ _remaining = int(_nth) if _nth.isdigit() else 1
 POINTS = (
     "append-torn",           # half of an append written (a torn line or group), then death
     "after-append",          # the change is durable, nothing derived is written, the caller has no answer
-    "commit-files-written",  # a new generation's files exist, the manifest does not name them yet
+    "commit-files-written",  # a new generation's files exist, the manifest does not name them yet (a merge too)
+    "segment-files-written",  # an appended segment's files exist, the manifest does not name them yet
     "before-replace",        # a temporary file is written and fsynced, not yet renamed over its target
     "compact-backup-made",   # compaction linked the backup, the new log is not in place
     "rebuild-embedded",      # a rebuild computed its vectors, nothing is committed

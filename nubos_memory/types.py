@@ -64,6 +64,8 @@ class Manifest(TypedDict, total=False):
     kappa: float
     side_weight: dict[str, Any]  # z fusion's per-memory lexical weight (search/sideweight.py)
     pieces: dict[str, Any]  # best-piece scoring: rule, lambda, piece rows (index/vectors.py); absent: before it
+    questions: dict[str, Any]  # HyPE's question vectors: rule, rows (absent: none)
+    segments: list[dict[str, Any]]  # the rows appended after the base files, in label order (store/cache.py)
     created_at: str
     rebuilt_at: str | None
     updated_at: str
@@ -166,6 +168,7 @@ class Consistency(TypedDict):
     records: int
     keymap: int
     index: int | None
+    segments: dict[str, int]  # rows appended since the last merge, in segment files (store/cache.py)
     pending: int
     stale: int
     retired_in_index: int

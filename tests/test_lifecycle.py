@@ -56,13 +56,19 @@ def test_rebuild_is_byte_identical_and_reports(filled):
 
 
 def test_incremental_adds_match_rebuild_results(filled):
-    # Appends in several commits: each generation copies the previous rows and adds its own.
+    # Appends in several commits: each one a segment, then one merge that copies the base's rows and adds them.
     for i in range(3):
         extra = [rec(f"appended {['alpha', 'beta', 'gamma'][i]} {['one', 'two', 'three', 'four'][j]}",
                      f"widget topic {j}", id=f"app{i}{j}") for j in range(4)]
         assert index_records(filled, extra).code == 0
     files, manifest = derived(filled)
     assert manifest["appended_to"] is not None and manifest["covers"]["count"] == 52
+    assert [seg["rows"] for seg in manifest["segments"]] == [4, 4, 4]  # each commit: one small segment
+    from nubos_memory import Memory
+
+    assert Memory.open(filled).vectors.merge_segments("test")  # a merge copies the base's rows, adds the rest
+    files, manifest = derived(filled)
+    assert not manifest.get("segments")
     incremental = sha(files["vectors"])
     before = query(filled, "widget 7 topic").json["hits"]
     run_cli(["memory-rebuild", "--root", str(filled)])

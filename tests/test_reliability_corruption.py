@@ -88,7 +88,11 @@ def test_a_damaged_derived_file_is_named_and_repaired(filled, target, how):
     stats = run_cli(["memory-stats", "--root", str(filled)])
     assert stats.code == 0, stats.err
     problems = {p["code"] for p in stats.json["consistency"]["problems"]}
-    if target in ("keymap", "vectors", "manifest"):
+    if (target, how) == ("manifest", "swap"):
+        # The manifest before the last write is a signed, older generation whose files a segment commit
+        # kept (store/cache.py): it serves, and the record written after it is embedded again.
+        assert degraded is None and q.json["hits"][0]["id"] == "n0"
+    elif target in ("keymap", "vectors", "manifest"):
         assert degraded is not None and degraded["code"] in VECTOR_CODES, degraded
         assert "memory-rebuild" in degraded["message"] or degraded["code"] == "manifest-corrupt"
         assert q.json["hits"] and {h["retrieval"] for h in q.json["hits"]} == {"bm25"}
@@ -102,7 +106,7 @@ def test_a_damaged_derived_file_is_named_and_repaired(filled, target, how):
     # Writes still land; a corrupt manifest is reported, never rewritten on the side.
     add = run_cli(["memory-add", "--root", str(filled), "--type", "learning", "--title", "written while damaged"])
     assert add.code == 0, add.err
-    if target == "manifest":
+    if target == "manifest" and how != "swap":  # (a swapped-in older one is valid: writes go on from it)
         assert (memory_dir(filled) / "manifest.json").read_bytes() == manifest_bytes
     # rebuild repairs everything
     assert run_cli(["memory-rebuild", "--root", str(filled)]).code == 0

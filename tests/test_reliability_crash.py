@@ -24,6 +24,7 @@ import pytest
 
 from nubos_memory import Memory
 from nubos_memory.faults import POINTS
+from nubos_memory.store.cache import referenced
 
 from .conftest import HEAVY, REPO, run_sub
 
@@ -98,12 +99,12 @@ def one_trial(root, seed, crash_at=None, kill_after=None):
 def leftovers(folder):
     """Files that should not be there once the store has been recovered."""
     manifest = json.loads((folder / "manifest.json").read_text())
-    current = {v["name"] for v in (manifest.get("files") or {}).values()}
+    current = referenced(manifest)  # the base files and the segments
     lexical = json.loads((folder / "lexical.json").read_text())["file"] if (folder / "lexical.json").exists() else None
     bad = []
     for path in folder.iterdir():
         name = path.name
-        if name.endswith(".tmp") or name.endswith(".folding") or (name.startswith(("index-", "keymap-", "vectors-")) and name not in current) or (name.startswith("lexical-") and name != lexical):
+        if name.endswith(".tmp") or name.endswith(".folding") or (name.startswith(("index-", "keymap-", "vectors-", "segment-")) and name not in current) or (name.startswith("lexical-") and name != lexical):
             bad.append(name)
     return bad
 

@@ -118,6 +118,12 @@ def test_random_hand_edits_never_hide_or_cut_a_line(tmp_path):
         assert log.read_bytes().startswith(edited), trial  # only ever appended to
         assert not (memory_dir(root) / "records.jsonl.torn").exists()
         assert Memory.open(root).scan().ids() == expected | {add.json["id"]}
+        # The writes appended segments (store/cache.py); merging them after the edit keeps every vector.
+        merged = Memory.open(root)
+        merged.vectors.merge_segments("test")
+        c = merged.stats()["consistency"]
+        manifest = json.loads((memory_dir(root) / "manifest.json").read_text())
+        assert not manifest.get("segments") and c["index"] == c["keymap"] and c["pending"] == 0, (trial, c)
         checked += len(expected)
     if HEAVY:
         print("\nHANDEDIT-REPORT", json.dumps({"trials": TRIALS, "records_checked": checked}))

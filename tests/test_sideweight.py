@@ -250,6 +250,26 @@ def test_writes_estimate_and_queries_use_it(project):
     assert stats["side_weight"]["weight"] == weight and stats["side_weight"]["estimate"]["records"] == 38
 
 
+def test_memory_serve_estimates_when_idle_never_while_a_write_waits(project):
+    from nubos_memory.interfaces.warm import WarmMemory
+
+    write_config(project, side_weights="auto")
+    warm = WarmMemory(str(project), embedder=RandomEmbedder("hash-256"))
+    with warm.use(writes=True) as mem:
+        mem.index([_body(r) for r in topical(30)])
+        mem.add(_body(topical(31)[30]), force=True)
+    assert "side_weight" not in warm.memory.store.read_manifest()  # the writes did not wait for it
+    assert warm.catch_up() == 0  # idle: the estimate is made and committed (merging the segments)
+    manifest = warm.memory.store.read_manifest()
+    assert manifest["side_weight"]["records"] == 31 and manifest["side_weight"]["weight"] >= 0.7
+    assert not manifest.get("segments")
+    assert warm.catch_up() == 0 and warm.memory.store.read_manifest()["generation"] == manifest["generation"]
+    # The same memory written in-process (no server) estimates on the write that crosses +25 %.
+    mem = Memory.open(project, embedder=RandomEmbedder("hash-256"))
+    mem.index([_body(r) for r in topical(39)[31:]])
+    assert mem.store.read_manifest()["side_weight"]["records"] == 39
+
+
 def test_side_weights_off_uses_alpha(project):
     write_config(project, side_weights="off")
     mem = Memory.open(project, embedder=RandomEmbedder("hash-256"))

@@ -185,7 +185,10 @@ except OSError:
 
 
 # -- 5. a garbled graph never fails a write ---------------------------------------------------------
-def test_a_garbled_graph_of_the_same_size_degrades_writes_instead_of_failing_them(project):
+def test_a_garbled_graph_of_the_same_size_degrades_writes_instead_of_failing_them(project, monkeypatch):
+    from nubos_memory import Memory
+    from nubos_memory.store import cache
+
     index_records(project, [rec(f"note {i}", f"body {i}", id=f"n{i}") for i in range(10)])
     folder = memory_dir(project)
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -193,9 +196,14 @@ def test_a_garbled_graph_of_the_same_size_degrades_writes_instead_of_failing_the
     data = bytearray(graph.read_bytes())
     data[100:164] = bytes(b ^ 0x5A for b in data[100:164])
     graph.write_bytes(bytes(data))
-    r = run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "written anyway",
-                 "--id", "w1"])
-    assert r.code == 0 and r.json["added"] == 1 and r.json["degraded"]["code"] == "index-corrupt"
+    # A small write appends a segment and never reads the graph; memory-stats names the damage.
+    r = run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "a segment", "--id", "s1"])
+    assert r.code == 0 and r.json["added"] == 1 and r.json["degraded"] is None
+    assert "index-corrupt" in {p["code"] for p in stats(project)["consistency"]["problems"]}
+    # A write that merges (here every one: no segments allowed) extends the graph: degraded, not failed.
+    monkeypatch.setattr(cache, "MAX_SEGMENTS", 0)
+    res = Memory.open(project).add({"type": "learning", "title": "written anyway", "id": "w1"}, force=True)
+    assert res["added"] == 1 and res["degraded"]["code"] == "index-corrupt"
     again = run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "written anyway",
                      "--id", "w1"])
     assert again.code == 0 and again.json["skipped_ids"] == ["w1"]  # a retry sees its own record, not a "duplicate"

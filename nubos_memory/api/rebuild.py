@@ -91,8 +91,8 @@ class Rebuild:
             dst, src = zip(*rows_reused)
             vectors[list(dst)] = current.vectors[list(src)]
         pieces = {row: parts[i] for row, i in rows_fresh if i in parts}
-        if current is not None and current.pieces is not None and len(current.pieces):
-            pieces.update((row, current.pieces.rows_of(label)) for row, label in rows_reused)
+        if current is not None and current.has_pieces():
+            pieces.update((row, current.piece_rows(label)) for row, label in rows_reused)
         pieces = {row: p for row, p in pieces.items() if len(p) > 1}
         rows = Rows(records, hashes, vectors, reused=len(rows_reused), positions=live, pieces=pieces)
         rows.questions = self.questions(scan, live, current if reuse else None)

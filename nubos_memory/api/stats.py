@@ -70,7 +70,8 @@ def _check_index(index: Any, keymap_count: int, problems: list[dict[str, Any]]) 
     if index is not None and index.hnsw_path is not None:
         try:
             index.verify_graph()  # a graph only large memories search is checked here for every memory
-            index_count = hnsw_element_count(index.hnsw_path)
+            in_graph = hnsw_element_count(index.hnsw_path)
+            index_count = None if in_graph is None else in_graph + len(index) - index.base_rows  # + segments' rows
         except StoreError as exc:
             problems.append({"code": exc.code, "message": exc.message})
     if index is not None and keymap_count:
@@ -192,6 +193,9 @@ def collect_stats(mem: "Memory") -> Stats:
             "records": scan.live_count - expired,
             "keymap": keymap_count,
             "index": index_count if index_count is not None else (0 if manifest and not keymap_count else None),
+            # rows appended since the last merge, in small files of their own (store/cache.py)
+            "segments": {"count": len((manifest or {}).get("segments") or []),
+                         "rows": len(index) - index.base_rows if index is not None else 0},
             "pending": pending,
             "stale": stale,
             "retired_in_index": retired_in_index,

@@ -67,6 +67,8 @@ class VectorSync:
         self.params = HnswParams(config.hnsw_m, config.hnsw_ef_construction, config.hnsw_ef_search)
         self.shared = 0  # vectors the last embed() took from the store instead of the model
         self.invalid = 0  # vectors the model gave that were not usable (NaN, zero), in the last sync
+        # True in memory-serve's writer: a write never waits for a side-weight estimate; :meth:`idle` makes it
+        self.defer_side_weight = False
 
     @property
     def embedder(self) -> "Embedder":
@@ -204,11 +206,11 @@ class VectorSync:
             for p in todo:
                 label = state.index.label_of_hash(snap.hashes[p])
                 if p not in known and label is not None:
-                    row = np.asarray(state.index.vectors[label])
+                    row = state.index.row(label)
                     if usable(row[None, :])[0]:  # a bad row an older version stored is embedded again
                         known[p] = row
-                        if state.index.pieces is not None and len(state.index.pieces):
-                            pieces[p] = state.index.pieces.rows_of(label)
+                        if state.index.has_pieces():
+                            pieces[p] = state.index.piece_rows(label)
         fresh = [p for p in todo if p not in known]
         if fresh:
             fresh = self._embed_fresh(fresh, wanted, known, pieces, budget_s, progress)
@@ -222,7 +224,8 @@ class VectorSync:
         if not snap.unsigned:  # without a signing key nothing derived is written: vectors stay in memory
             # A write re-estimates the side weight when it is due, before the lock: the estimate
             # embeds up to 200 texts, and no other writer should wait for that.
-            side = self.side_weight(state.manifest, state.index, state.labels, state.extra) if blocking else None
+            side = self.side_weight(state.manifest, state.index, state.labels, state.extra) \
+                if blocking and not self.defer_side_weight else None
             self._persist(state, [p for p in todo if p in known], blocking=blocking, verb=verb, side=side)
 
     def _shared_for(self, positions: list[int]) -> dict[int, np.ndarray]:
@@ -281,12 +284,16 @@ class VectorSync:
         if self.config.side_weights != "auto":
             return None
         snap = self.snap
-        positions = [p for p in np.flatnonzero(snap.alive).tolist()
-                     if p in extra or (p < len(labels) and labels[p] >= 0)]
-        if not due((manifest or {}).get("side_weight"), len(positions)):
+        alive = np.asarray(snap.alive, dtype=bool)
+        has = np.zeros(len(alive), dtype=bool)
+        n = min(len(labels), len(alive))
+        has[:n] = labels[:n] >= 0
+        has[[p for p in extra if p < len(has)]] = True
+        has &= alive
+        if not due((manifest or {}).get("side_weight"), int(has.sum())):  # (counted without a Python loop)
             return None
-        stored = current.vectors if current is not None else np.zeros((0, self.embedder.dim), dtype=np.float32)
-        rows = np.stack([extra[p] if p in extra else np.asarray(stored[labels[p]]) for p in positions]) \
+        positions = np.flatnonzero(has).tolist()
+        rows = np.stack([extra[p] if p in extra or current is None else current.row(int(labels[p])) for p in positions]) \
             if positions else np.zeros((0, self.embedder.dim), dtype=np.float32)
         try:
             return estimate([snap.records[p] for p in positions], np.asarray(positions, dtype=np.int64), rows,
@@ -330,6 +337,43 @@ class VectorSync:
                               pieces=Pieces.empty(dim) if keeps else None,
                               questions=Questions(Pieces.of_labels(by_label, dim), keep))
             state.manifest, state.index, state.labels = self.snap.vectors()
+
+    def idle(self, verb: str, merge_at: int) -> bool:
+        """What a long-lived process does when no request waits (``memory-serve``): a side-weight estimate
+        that is due (the writes it serves left it to now: ``defer_side_weight``), committed with the
+        current rows, which also merges their segments; else a merge once there are ``merge_at``
+        segments.  Returns whether it committed."""
+        if self.config.side_weights == "auto" and not self.snap.unsigned:
+            manifest, current, labels = self.snap.vectors()
+            side = self.side_weight(manifest, current, labels, {}) if manifest is not None and current is not None \
+                else None
+            if side is not None:  # (made outside the lock: writes go on meanwhile)
+                return self.merge_segments(verb, 0, side_weight=side)
+        return self.merge_segments(verb, merge_at)
+
+    def merge_segments(self, verb: str, at_least: int = 1, side_weight: dict[str, Any] | None = None) -> bool:
+        """Merge the current generation's segments (at least ``at_least`` of them) into a new base
+        generation, if the write lock is free now (``store/cache.py``: what a write does when they pass
+        their bound; memory-serve does it when idle), with ``side_weight`` when given (None: the
+        manifest's).  Nothing is embedded.  Returns whether it committed."""
+        from ..store.base import segments_of
+
+        if len(segments_of(self.store.read_manifest())) < at_least:
+            return False
+        with self.store.try_lock(verb) as got:
+            if not got:
+                return False
+            manifest, current, _ = self.snap.vectors()  # as it is now, under the lock
+            if manifest is None or current is None or len(segments_of(manifest)) < at_least:
+                return False
+            keeps = isinstance(manifest.get("pieces"), dict)
+            self.store.commit(ids=list(current.ids), hashes=list(current.hashes),
+                              vectors=np.zeros((0, current.dim), dtype=np.float32),
+                              embedding=dict(manifest["embedding"]), params=self.params, alpha=self.config.alpha,
+                              previous=manifest, base=current, pieces=Pieces.empty(current.dim) if keeps else None,
+                              questions=current.questions, side_weight=side_weight)
+            self.snap.vectors()
+        return True
 
     def embed_questions(self, todo: dict[str, list[str]]) -> dict[str, np.ndarray]:
         """The usable vectors of each record's questions, embedded as queries (they are matched against
@@ -396,7 +440,7 @@ class VectorSync:
                     if keeps and current.pieces is not None:  # every label's pieces, the replaced ones' new
                         stale = np.zeros(len(current), dtype=bool)
                         stale[list(replaced)] = True
-                        pieces = {**current.pieces.by_label(~stale), **pieces}
+                        pieces = {**current.pieces_by_label(~stale), **pieces}
                 else:  # the common case: the current generation's rows are kept, the new ones appended
                     vectors, base = appended, current
                 self.store.commit(

@@ -220,7 +220,7 @@ class WritePath:
             return None
         mine = recency(scan.records[pos])
         live = labels[(labels >= 0) & snap.alive]
-        found, sims = index.top(np.asarray(index.vectors[labels[pos]]), NEAR_GROUP, live)
+        found, sims = index.top(index.row(int(labels[pos])), NEAR_GROUP, live)
         for label, sim in zip(found.tolist(), sims.tolist()):
             if sim < threshold:
                 break

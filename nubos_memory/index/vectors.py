@@ -222,14 +222,19 @@ class VectorIndex:
     def __init__(self, ids: list[str], hashes: list[str], vectors: np.ndarray,
                  hnsw_path: Path | None = None, ef_search: int = 100, vectors_path: Path | None = None,
                  hnsw_sha256: str | None = None, pieces: Pieces | None = None, pieces_path: Path | None = None,
-                 questions: Questions | None = None):
+                 questions: Questions | None = None, tail: np.ndarray | None = None,
+                 label_of: dict[str, int] | None = None, tail_pieces: Pieces | None = None):
         self.ids = ids
         self.hnsw_sha256 = hnsw_sha256
         self._graph_verified = False
         self.vectors_path = vectors_path
         self.hashes = hashes
-        self.vectors = vectors
-        self.label_of = {rid: i for i, rid in enumerate(ids)}
+        # The rows of the generation's base files (memory-mapped; the graph covers exactly these),
+        # then the rows of its segments (``tail``, in memory: store/cache.py, adr/0021)
+        self.base = vectors
+        self.tail = tail if tail is not None and len(tail) else None
+        self._joined: np.ndarray | None = None
+        self.label_of = label_of if label_of is not None else {rid: i for i, rid in enumerate(ids)}
         self._labels_of_hash: dict[str, list[int]] | None = None
         self.hnsw_path = hnsw_path
         self.ef_search = ef_search
@@ -237,13 +242,55 @@ class VectorIndex:
         self.ann: Ann | None = None  # a store's candidate index, used instead of the graph (module docstring)
         # None: a generation from before best-piece scoring (every record scores by its pooled vector
         # until memory-rebuild); else the several-piece records' pieces (often none)
-        self.pieces = pieces
+        self.pieces = pieces  # (the base files' rows; the segments' are ``tail_pieces``)
         self.pieces_path = pieces_path
+        self.tail_pieces = tail_pieces if tail_pieces is not None and len(tail_pieces) else None
         self.questions = questions  # HyPE's question vectors (None: no record has any)
         # False in a one-shot process: its first SCANS_BEFORE_GRAPH searches scan the memory-mapped
         # vectors exactly instead of loading a graph they would use once (issue 27)
         self.use_graph = True
         self.scans = 0
+        # How the graph file is checked against its sha256 (None: hashed; store/verified.py)
+        self.check_file: Callable[[Path, Any], bool] | None = None
+
+    @property
+    def base_rows(self) -> int:
+        """How many rows the base files hold (the graph's labels); the segments' rows follow."""
+        return len(self.base)
+
+    @property
+    def vectors(self) -> np.ndarray:
+        """Every row in label order: the base's memory-mapped rows, or (with segments) one joined
+        copy made on first use; searches and lookups use :meth:`gather`, :meth:`row`, :meth:`scores`."""
+        if self.tail is None:
+            return self.base
+        if self._joined is None:
+            self._joined = np.concatenate([np.asarray(self.base, dtype=np.float32), self.tail])
+        return self._joined
+
+    def row(self, label: int) -> np.ndarray:
+        """One label's stored vector."""
+        n0 = len(self.base)
+        if label < n0 or self.tail is None:
+            return np.asarray(self.base[label])
+        return np.asarray(self.tail[label - n0])
+
+    def gather(self, labels: np.ndarray) -> np.ndarray:
+        """The stored vectors of ``labels``, in their order."""
+        labels = np.asarray(labels, dtype=np.int64)
+        if self.tail is None:
+            return np.asarray(self.base[labels])
+        n0 = len(self.base)
+        out = np.empty((len(labels), self.dim), dtype=np.float32)
+        inside = labels < n0
+        out[inside] = self.base[labels[inside]]
+        out[~inside] = self.tail[labels[~inside] - n0]
+        return out
+
+    def scores(self, query: np.ndarray) -> np.ndarray:
+        """Every row's cosine with ``query`` (one pass over the base rows, one over the segments')."""
+        base = np.asarray(self.base @ query, dtype=np.float32)
+        return base if self.tail is None else np.concatenate([base, np.asarray(self.tail @ query, dtype=np.float32)])
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -264,7 +311,35 @@ class VectorIndex:
 
     @property
     def dim(self) -> int:
-        return int(self.vectors.shape[1])
+        return int(self.base.shape[1])
+
+    def adopt_graph(self, other: "VectorIndex", built: Any = None) -> None:
+        """Use ``other``'s graph (the same base files: ``store/cache.py``), or ``built``, the graph this
+        process just wrote to ``hnsw_path``, instead of reading the file again."""
+        graph, verified = other.loaded_graph()
+        self._hnsw = built if built is not None else graph
+        self._graph_verified = verified or built is not None
+        self.use_graph, self.scans, self.check_file = other.use_graph, other.scans, other.check_file
+
+    def inherit_hash_labels(self, other: "VectorIndex") -> None:
+        """Take ``other``'s content-hash map, built already, extended by this index's rows after its
+        (an index that only appended rows to ``other``'s: a shallow copy, not a pass over every row)."""
+        known = other.hash_labels_built()
+        if known is None:
+            return
+        grown = dict(known)
+        for label in range(len(other), len(self)):
+            h = self.hashes[label]
+            grown[h] = [*grown.get(h, ()), label]
+        self._labels_of_hash = grown
+
+    def hash_labels_built(self) -> "dict[str, list[int]] | None":
+        """The content-hash map, if a lookup built it already."""
+        return self._labels_of_hash
+
+    def loaded_graph(self) -> tuple[Any, bool]:
+        """The graph this index has read (None: not yet) and whether its file was verified."""
+        return self._hnsw, self._graph_verified
 
     def trust_graph(self) -> None:
         """Mark the graph as verified: this process wrote it and hashed it while writing."""
@@ -278,8 +353,10 @@ class VectorIndex:
 
         if self._graph_verified or self.hnsw_path is None:
             return
+        path = self.hnsw_path
         try:
-            ok = file_sha256(self.hnsw_path) == self.hnsw_sha256
+            ok = self.check_file(path, self.hnsw_sha256) if self.check_file is not None \
+                else file_sha256(path) == self.hnsw_sha256
         except OSError:
             ok = False
         if not ok:
@@ -292,6 +369,26 @@ class VectorIndex:
             self.verify_graph()
             self._hnsw = load_hnsw(self.hnsw_path, self.dim)
         return self._hnsw
+
+    def _top_graph(self, query: np.ndarray, k: int, allowed: np.ndarray | None, excluded: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``k`` by the graph over the base rows, merged with an exact scan of the segments' rows."""
+        index, n0 = self.hnsw(), len(self.base)
+        want = min(k + excluded, n0)
+        index.set_ef(max(self.ef_search, want))
+        labels, dists = index.knn_query(query.reshape(1, -1), k=want, num_threads=1)
+        labels, sims = labels[0].astype(np.int64), (1.0 - dists[0]).astype(np.float32)
+        if self.tail is not None:
+            rows = np.arange(n0, len(self), dtype=np.int64)
+            if allowed is not None:
+                rows = allowed[allowed >= n0]
+            labels = np.concatenate([labels, rows])
+            sims = np.concatenate([sims, np.asarray(self.tail[rows - n0] @ query, dtype=np.float32)])
+        if allowed is not None and excluded:
+            keep = np.isin(labels, allowed)
+            labels, sims = labels[keep], sims[keep]
+        order = np.lexsort((labels, -sims))[:k]
+        return labels[order], sims[order]
 
     def top(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Best ``k`` labels by cosine (optionally only among ``allowed`` labels).
@@ -311,28 +408,20 @@ class VectorIndex:
                 if allowed is not None and excluded:
                     found = found[np.isin(found, allowed)]
                 if len(found) >= min(k, n - excluded):  # enough of them: else the exact scan below
-                    sims = np.asarray(self.vectors[found] @ query, dtype=np.float32)
+                    sims = np.asarray(self.gather(found) @ query, dtype=np.float32)
                     order = np.lexsort((found, -sims))[:k]  # by exact cosine, ties by label
                     return found[order], sims[order]
         elif n > EXACT_LIMIT and self.hnsw_path is not None and excluded <= OVERFETCH_MAX and self._graph_worth_it():
-            index = self.hnsw()
-            want = min(k + excluded, n)
-            index.set_ef(max(self.ef_search, want))
-            labels, dists = index.knn_query(query.reshape(1, -1), k=want, num_threads=1)
-            labels, sims = labels[0].astype(np.int64), (1.0 - dists[0]).astype(np.float32)
-            if allowed is not None and excluded:
-                keep = np.isin(labels, allowed)
-                labels, sims = labels[keep], sims[keep]
-            return labels[:k], sims[:k]
+            return self._top_graph(query, k, allowed, excluded)
         rows = np.arange(n) if allowed is None else allowed
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
         if allowed is None:
-            sims = self.vectors @ query
+            sims = self.scores(query)
         elif len(rows) * 4 > n:  # a broad filter: one pass over all rows beats copying most of them
-            sims = (self.vectors @ query)[rows]
+            sims = self.scores(query)[rows]
         else:
-            sims = self.vectors[rows] @ query
+            sims = self.gather(rows) @ query
         k = min(k, len(rows))
         part = np.argpartition(-sims, k - 1)[:k]
         order = part[np.lexsort((part, -sims[part]))]
@@ -354,7 +443,7 @@ class VectorIndex:
         and its closest question's."""
         if len(labels) == 0:
             return np.zeros(0, dtype=np.float32)
-        cos = np.asarray(self.vectors[labels] @ query, dtype=np.float32)
+        cos = np.asarray(self.gather(labels) @ query, dtype=np.float32)
         if best is not None:
             cos = np.asarray(mix(cos, best[labels]), dtype=np.float32)
         if asked is not None:
@@ -367,11 +456,29 @@ class VectorIndex:
             return None
         return self.questions.rows.best(query, len(self))
 
+    def has_pieces(self) -> bool:
+        """Whether any record of this generation has piece vectors."""
+        return self.pieces is not None and (len(self.pieces) > 0 or self.tail_pieces is not None)
+
+    def piece_rows(self, label: int) -> np.ndarray:
+        """One label's piece vectors (none: a record of one piece, or a generation without pieces)."""
+        if self.tail_pieces is not None and label >= self.base_rows:
+            return self.tail_pieces.rows_of(label)
+        return self.pieces.rows_of(label) if self.pieces is not None else np.zeros((0, self.dim), dtype=np.float32)
+
+    def pieces_by_label(self, keep: np.ndarray | None = None) -> "dict[int, np.ndarray]":
+        """Every label's piece vectors (only those where ``keep[label]``)."""
+        out = self.pieces.by_label(keep) if self.pieces is not None else {}
+        return {**out, **(self.tail_pieces.by_label(keep) if self.tail_pieces is not None else {})}
+
     def best_pieces(self, query: np.ndarray) -> np.ndarray | None:
         """Each label's best piece cosine with ``query`` (NaN: one piece); None when no record has pieces."""
-        if self.pieces is None or not len(self.pieces):
+        if not self.has_pieces() or self.pieces is None:
             return None
-        return self.pieces.best(query, len(self))
+        best = self.pieces.best(query, len(self))
+        if self.tail_pieces is not None:  # a label's pieces are all in the base or all in one segment
+            best = np.fmax(best, self.tail_pieces.best(query, len(self)))
+        return best
 
     def top_by_pieces(self, best: np.ndarray, k: int, allowed: np.ndarray | None = None) -> np.ndarray:
         """The ``k`` labels (of ``allowed``) whose best piece is closest to the query: the candidates a

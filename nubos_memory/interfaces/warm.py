@@ -36,6 +36,7 @@ class WarmMemory:
         from ..api.memory import Memory
 
         writer = Memory.open(root, embedder=embedder)
+        writer.vectors.defer_side_weight = True  # estimated when idle (catch_up), never while a write waits
         self.root = writer.project.root
         self._writer = writer
         self._reader = self._twin(writer)
@@ -77,6 +78,7 @@ class WarmMemory:
         if loaded is not None and (fresh.config.provider, fresh.config.model) == (old.config.provider,
                                                                                   old.config.model):
             fresh.use_embedder(loaded)  # keep the loaded model
+        fresh.vectors.defer_side_weight = True
         self._writer, self._reader, self._stamp = fresh, self._twin(fresh), stamp
 
     @contextmanager
@@ -126,6 +128,11 @@ class WarmMemory:
             state = mem.vectors.sync(None, cap=mem.config.max_pending_embed, blocking=False, verb="memory-serve",
                                      budget_s=budget_s)
             if state.degraded is not None or not state.indexed:
+                from ..store.base import MERGE_IDLE_SEGMENTS
+
+                # nothing to embed: idle time makes a side-weight estimate that is due, or merges the
+                # segments writes appended (store/cache.py)
+                mem.vectors.idle("memory-serve", MERGE_IDLE_SEGMENTS)
                 return 0  # nothing to do, or nothing could be committed now: try again later
             return state.behind
         except (NubosMemoryError, OSError):

@@ -66,7 +66,7 @@ class VectorState:
         dim = self.index.dim if self.index is not None else (len(next(iter(self.extra.values()))) if self.extra else 1)
         out = np.zeros((len(pos), dim), dtype=np.float32)
         if self.index is not None and has.any():
-            out[has] = self.index.vectors[labels[has]]
+            out[has] = self.index.gather(labels[has])
         for i, p in enumerate(positions):
             if not has[i] and p in self.extra:
                 out[i] = self.extra[p]
@@ -77,7 +77,7 @@ class VectorState:
         """The vector this operation has for a record, if any."""
         label = int(self.labels[position]) if position < len(self.labels) else -1
         if label >= 0 and self.index is not None:
-            return np.asarray(self.index.vectors[label])
+            return self.index.row(label)
         return self.extra.get(position)
 
 

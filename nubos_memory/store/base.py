@@ -34,6 +34,16 @@ if TYPE_CHECKING:
     from ..types import Manifest, Record
 
 
+MERGE_IDLE_SEGMENTS = 4  # memory-serve merges a generation's segments when idle once there are this many
+
+
+def segments_of(manifest: "Manifest | None") -> list[dict[str, Any]]:
+    """The segments a manifest names after its base files, in label order (none: a merged generation;
+    ``cache.py``).  A zero-row append to the current generation merges them (``Store.commit``)."""
+    found = (manifest or {}).get("segments")
+    return [dict(seg) for seg in found if isinstance(seg, dict)] if isinstance(found, list) else []
+
+
 class UsageLog(Protocol):
     """Which records queries returned, and when (``usage.py``)."""
 

@@ -11,6 +11,19 @@ A generation is three files written once and never modified::
     questions-<gen>.npy   float32 (q, dim), HyPE's question vectors (labels: "question_owner", and
                           per label what they were made from: "question_keys"); none without HyPE
 
+A generation may also have **segments** (adr/0021): a write that appends a few rows to a large
+generation writes only those rows, as one small immutable segment, and commits a manifest that names
+the base's files (unchanged) plus the segments so far, instead of copying every row and the graph::
+
+    segment-<id>.keymap.json   {"format", "ids", "hashes", "piece_owner"}  the segment's rows' labels follow
+    segment-<id>.vectors.npy   float32 (r, dim)                            the base's and earlier segments'
+    segment-<id>.pieces.npy    its records' piece vectors, when any has several
+
+The graph covers the base's rows; a search scans the segments' rows exactly beside it.  When the
+segments would pass ``MAX_SEGMENTS`` or ``MAX_TAIL_ROWS`` rows, the write merges them (a full
+generation, as before segments), as do ``memory-rebuild`` (the canonical form: never segments),
+``memory-compact`` and ``memory-serve`` when idle (``MERGE_IDLE_SEGMENTS``).
+
 ``manifest.json`` names the current generation and is the commit point: a
 writer (holding the lock) writes and fsyncs a new generation, swaps the
 manifest in with ``os.replace``, then deletes older generations.  The
@@ -65,19 +78,25 @@ from ..index.vectors import (
 from ..records import SCHEMA_VERSION, now_iso
 from ..trust import available, file_sha256, sign, verify
 from ..types import Manifest
+from .base import segments_of
+from .verified import Verified
 
 MANIFEST = "manifest.json"
 CACHE_FORMAT = 1
-_PREFIXES = ("index-", "keymap-", "vectors-", "pieces-", "questions-")
+_PREFIXES = ("index-", "keymap-", "vectors-", "pieces-", "questions-", "segment-")
+MAX_SEGMENTS = 32  # a write that would make more merges them into a new base generation
+MAX_TAIL_ROWS = 8_192  # nor may the segments hold more rows (each search scans them exactly)
 # A derived file of the wrong size: one code per file kind.
 _CORRUPT = {"index": codes.INDEX_CORRUPT, "keymap": codes.KEYMAP_CORRUPT, "vectors": codes.VECTORS_CORRUPT,
             "pieces": codes.VECTORS_CORRUPT, "questions": codes.VECTORS_CORRUPT}
 
 
-def covers_digest(ids: list[str], hashes: list[str]) -> str:
-    """A digest of which records (id and content hash, in label order) a generation covers."""
-    joined = "".join(f"{rid}\x00{ch}\n" for rid, ch in zip(ids, hashes))
+def covers_digest(ids: list[str], hashes: list[str], before: str = "") -> str:
+    """A digest of which records (id and content hash, in label order) a generation covers; a
+    segment's chains its rows onto the digest ``before`` them."""
+    joined = before + "".join(f"{rid}\x00{ch}\n" for rid, ch in zip(ids, hashes))
     return hashlib.sha256(joined.encode("utf-8")).hexdigest()[:32]
+
 
 
 def carried_side_weight(side_weight: dict[str, Any] | None, previous: Manifest | None) -> dict[str, Any]:
@@ -107,10 +126,12 @@ def questions_field(questions: Questions | None) -> dict[str, Any]:
 
 def joined_pieces(base: VectorIndex | None, pieces: Pieces | None) -> Pieces | None:
     """A generation's pieces: ``base``'s followed by the appended rows' ``pieces`` (None: the rule is off)."""
-    if pieces is None or base is None or base.pieces is None or not len(base.pieces):
+    if pieces is None or base is None or not base.has_pieces():
         return pieces
-    return Pieces(np.concatenate([np.asarray(base.pieces.vectors, dtype=np.float32), pieces.vectors]),
-                  np.concatenate([base.pieces.owner, pieces.owner]))
+    parts = [p for p in (base.pieces, base.tail_pieces, pieces) if p is not None and len(p)]
+    return Pieces(np.concatenate([np.asarray(p.vectors, dtype=np.float32) for p in parts]),
+                  np.concatenate([p.owner for p in parts]))
+
 
 
 def _write_vectors(path: Path, vectors: np.ndarray, base: VectorIndex | None, source: Path | None = None,
@@ -139,7 +160,7 @@ def _write_vectors(path: Path, vectors: np.ndarray, base: VectorIndex | None, so
             np.save(f, vectors, allow_pickle=False)
             return digest.hexdigest()
         source = source or base.vectors_path
-        before = len(base) if source_rows is None else source_rows
+        before = base.base_rows if source_rows is None else source_rows
         if source is None:
             raise StoreError("the current vectors have no file to extend; run memory-rebuild", code=codes.VECTORS_CORRUPT)
         shape = (before + len(vectors), base.dim)
@@ -161,13 +182,26 @@ def _write_pieces(path: Path, pieces: Pieces, base: VectorIndex | None) -> str:
     """Write ``pieces-<gen>.npy`` (``pieces``: every row), extending base's file when it has one."""
     if base is None or base.pieces is None or not len(base.pieces) or base.pieces_path is None:
         return _write_vectors(path, pieces.vectors, None)
-    start = len(base.pieces)
+    start = len(base.pieces)  # the rows of base's own pieces file (its segments' follow)
     return _write_vectors(path, pieces.vectors[start:], base, base.pieces_path, start)
 
 
 def _names(gen: str) -> dict[str, str]:
     return {"index": f"index-{gen}.hnsw", "keymap": f"keymap-{gen}.json", "vectors": f"vectors-{gen}.npy",
             "pieces": f"pieces-{gen}.npy", "questions": f"questions-{gen}.npy"}
+
+
+def _segment_names(seg: str) -> dict[str, str]:
+    return {"keymap": f"segment-{seg}.keymap.json", "vectors": f"segment-{seg}.vectors.npy",
+            "pieces": f"segment-{seg}.pieces.npy"}
+
+
+def referenced(manifest: Manifest | None) -> set[str]:
+    """Every derived file a manifest names: its base files' and its segments'."""
+    names = set()
+    for files in [(manifest or {}).get("files") or {}, *(seg.get("files") or {} for seg in segments_of(manifest))]:
+        names |= {str(f.get("name")) for f in files.values() if isinstance(f, dict)}
+    return names
 
 
 def _owners(owner: Any, rows: int, count: int) -> np.ndarray:
@@ -178,10 +212,10 @@ def _owners(owner: Any, rows: int, count: int) -> np.ndarray:
     return owners
 
 
-def _read_keymap(path: Path, sha256: Any, count: int, pieces: int, questions: int
+def _read_keymap(path: Path, sha256: Any, count: int, pieces: int, questions: int, start: int = 0
                  ) -> tuple[list[Any], list[Any], np.ndarray, np.ndarray, dict[int, str]]:
     """The keymap's ids, text hashes, piece owners, question owners and question keys, checked against
-    its recorded ``sha256``, ``count``, ``pieces`` and ``questions``."""
+    its recorded ``sha256``, ``count``, ``pieces`` and ``questions`` (``start``: a segment's first label)."""
     try:
         raw_keymap = path.read_bytes()
         if hashlib.sha256(raw_keymap).hexdigest() != sha256:
@@ -190,7 +224,9 @@ def _read_keymap(path: Path, sha256: Any, count: int, pieces: int, questions: in
         ids, hashes = km["ids"], km["hashes"]
         if not (isinstance(ids, list) and isinstance(hashes, list) and len(ids) == len(hashes) == count):
             raise ValueError("length")
-        owners = _owners(km.get("piece_owner", []), pieces, count)
+        owners = _owners(km.get("piece_owner", []), pieces, start + count)
+        if len(owners) and owners.min() < start:
+            raise ValueError("owners")
         asked = _owners(km.get("question_owner", []), questions, count)
         keys = {int(label): str(key) for label, key in (km.get("question_keys") or {}).items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
@@ -207,6 +243,11 @@ class DerivedCache:
         self.graph = graph  # False: no hnswlib graph (the store proposes candidates itself: adr/0014)
         self.written: str | None = None  # the generation this process committed last: checksums computed while writing
         self._last: tuple[bytes, dict[str, Any]] | None = None  # the manifest's bytes and document, verified
+        # The last generation loaded, by its base files and segments: the next one that only adds
+        # segments to it reuses its parsed keymap, label maps and rows instead of reading them again
+        self._loaded: tuple[tuple[Any, ...], list[str], VectorIndex] | None = None
+        self._built: tuple[str, Any] | None = None  # the graph this process wrote last (its generation, hnswlib)
+        self.verified = Verified(folder)  # derived files checked already (by any process of this user)
 
     @property
     def manifest_path(self) -> Path:
@@ -284,11 +325,36 @@ class DerivedCache:
                                pieces=Pieces.empty(int(dim or 1)) if isinstance(manifest.get("pieces"), dict) else None)
         files = manifest.get("files") or {}
         paths = {k: self.folder / str(v.get("name", "")) for k, v in files.items() if isinstance(v, dict)}
-        self._check_files(paths, files)
-        ours = manifest.get("generation") == self.written  # hashed as we wrote it, under the lock
+        segments = segments_of(manifest)
         rule, hype = manifest.get("pieces"), manifest.get("questions")
         n_pieces = int(rule.get("rows") or 0) if isinstance(rule, dict) else 0
         n_questions = int(hype.get("rows") or 0) if isinstance(hype, dict) else 0
+        base_count = count - sum(int(seg.get("rows") or 0) for seg in segments)
+        base_pieces = n_pieces - sum(int(seg.get("pieces") or 0) for seg in segments)
+        if base_count <= 0 or base_pieces < 0:
+            raise StoreError("the manifest's segments do not add up; run memory-rebuild", code=codes.MANIFEST_CORRUPT,
+                             details={"path": str(self.manifest_path)})
+        key = (*((k, (files.get(k) or {}).get("name"), (files.get(k) or {}).get("sha256")) for k in sorted(files)),
+               base_count, base_pieces, n_questions, isinstance(rule, dict))
+        names = [str(seg.get("id")) for seg in segments]
+        last = self._loaded
+        if last is not None and last[0] == key and names[:len(last[1])] == last[1]:
+            index = self._extend(last[2], segments[len(last[1]):], dim, isinstance(rule, dict))
+        else:
+            index = self._load_base(manifest, files, paths, base_count, base_pieces, n_questions, ef)
+            if segments:
+                index = self._extend(index, segments, dim, isinstance(rule, dict))
+        self._loaded = (key, names, index)
+        return index
+
+    def _load_base(self, manifest: Manifest, files: dict[str, Any], paths: dict[str, Path], count: int,
+                   n_pieces: int, n_questions: int, ef: int) -> VectorIndex:
+        """The generation's base files as an index of their own (segments are added by :meth:`_extend`)."""
+        dim = manifest["embedding"].get("dim")
+        self._check_files(paths, files)
+        # hashed as we wrote them, under the lock (a segment commit keeps its base's files)
+        ours = self.written is not None and (files.get("vectors") or {}).get("name") == _names(self.written)["vectors"]
+        rule = manifest.get("pieces")
         ids, hashes, owner, asked, keys = _read_keymap(paths["keymap"], files["keymap"].get("sha256"), count,
                                                        n_pieces, n_questions)
         vectors = self._rows(paths, files, "vectors", (count, dim), ours)
@@ -304,19 +370,69 @@ class DerivedCache:
         index = VectorIndex(ids, hashes, vectors, graph, ef, vectors_path=paths["vectors"],
                             hnsw_sha256=(files.get("index") or {}).get("sha256"), pieces=pieces,
                             pieces_path=paths.get("pieces"), questions=questions)
+        index.check_file = self._checked
         if ours:
             index.trust_graph()  # (else the graph's sha256 is checked before hnswlib first reads it: hnsw())
+            if self._built is not None and self._built[1] is not None and self.graph:
+                index.adopt_graph(index, built=self._built[1])  # the graph this process just wrote
         return index
 
-    @staticmethod
-    def _rows(paths: dict[str, Path], files: dict[str, Any], key: str, shape: tuple[int, Any], ours: bool) -> np.ndarray:
+    def _extend(self, index: VectorIndex, segments: list[dict[str, Any]], dim: Any, keeps: bool) -> VectorIndex:
+        """``index`` with ``segments``' rows after its own: a new index sharing its base rows and graph."""
+        if not segments:
+            return index
+        ids, hashes = list(index.ids), list(index.hashes)
+        label_of = dict(index.label_of)
+        tails = [index.tail] if index.tail is not None else []
+        piece_parts = [index.tail_pieces] if index.tail_pieces is not None else []
+        for seg in segments:
+            seg_ids, seg_hashes, rows, pieces = self._segment(seg, len(ids), dim)
+            label_of.update((rid, len(ids) + i) for i, rid in enumerate(seg_ids))
+            ids += seg_ids
+            hashes += seg_hashes
+            tails.append(rows)
+            if pieces is not None and len(pieces):
+                piece_parts.append(pieces)
+        tail = np.concatenate(tails) if len(tails) > 1 else tails[0]
+        tail_pieces = None
+        if keeps and piece_parts:
+            tail_pieces = Pieces(np.concatenate([p.vectors for p in piece_parts]),
+                                 np.concatenate([p.owner for p in piece_parts]))
+        out = VectorIndex(ids, hashes, index.base, index.hnsw_path, index.ef_search, vectors_path=index.vectors_path,
+                          hnsw_sha256=index.hnsw_sha256, pieces=index.pieces, pieces_path=index.pieces_path,
+                          questions=index.questions, tail=tail, label_of=label_of, tail_pieces=tail_pieces)
+        out.adopt_graph(index)
+        out.inherit_hash_labels(index)
+        return out
+
+    def _segment(self, seg: dict[str, Any], start: int, dim: Any
+                 ) -> tuple[list[str], list[str], np.ndarray, Pieces | None]:
+        """One segment's ids, hashes, rows and pieces (labels from ``start``), checked against the manifest."""
+        files = seg.get("files") or {}
+        paths = {k: self.folder / str(v.get("name", "")) for k, v in files.items() if isinstance(v, dict)}
+        self._check_files(paths, files)
+        rows, n_pieces = int(seg.get("rows") or 0), int(seg.get("pieces") or 0)
+        ids, hashes, owner, _, _ = _read_keymap(paths["keymap"], files["keymap"].get("sha256"), rows, n_pieces, 0,
+                                                start)
+        vectors = np.array(self._rows(paths, files, "vectors", (rows, dim), False))
+        pieces = Pieces(np.array(self._rows(paths, files, "pieces", (n_pieces, dim), False)), owner) \
+            if n_pieces else None
+        return ids, hashes, vectors, pieces
+
+    def _checked(self, path: Path, sha256: Any) -> bool:
+        """Whether a derived file holds the bytes of this sha256 (known from an earlier check of the
+        unchanged file, else hashed: ``verified.py``)."""
+        return self.verified.check(path, sha256, lambda: file_sha256(path))
+
+    def _rows(self, paths: dict[str, Path], files: dict[str, Any], key: str, shape: tuple[int, Any],
+              ours: bool) -> np.ndarray:
         """One of the generation's arrays, memory-mapped, checked against its sha256 (unless this
         process wrote it) and its shape."""
         path = paths.get(key)
         try:
             if path is None:
                 raise ValueError("missing")
-            if not ours and file_sha256(path) != (files.get(key) or {}).get("sha256"):
+            if not ours and not self._checked(path, (files.get(key) or {}).get("sha256")):
                 raise ValueError("checksum")
             rows: np.ndarray = np.load(path, mmap_mode="r", allow_pickle=False)
             if rows.dtype != np.float32 or rows.shape != shape:
@@ -362,8 +478,9 @@ class DerivedCache:
         """Write a new generation and swap the manifest in; return the new manifest.
 
         With ``base`` (the current generation), ``vectors`` are only the rows
-        appended after base's, whose rows, keymap entries and graph are kept
-        (the graph is extended).  Without it, ``vectors`` are every row and a
+        appended after base's: a few of them go into one new segment (module docstring), else
+        base's rows, keymap entries and graph are kept and extended in a new base generation (a
+        merge: none appended asks for one).  Without it, ``vectors`` are every row and a
         fresh graph is built (the deterministic rebuild path).  Without a graph (``self.graph``
         False) only keymap and vectors are written.  ``extra``: more manifest fields of the store's.
         ``side_weight`` (None: ``previous``'s) is signed with the rest (``carried_side_weight``).
@@ -374,6 +491,15 @@ class DerivedCache:
         if not available():
             raise StoreError("no signing key: a derived file written now could never be trusted, so none is "
                              "written; see memory-stats.user_folders", code=codes.SIGNING_KEY_UNAVAILABLE)
+        if base is not None and not len(base):
+            base = None  # an empty generation: nothing to extend
+        if len(ids) != len(hashes) or len(ids) != (len(base) if base is not None else 0) + len(vectors):
+            raise StoreError(f"a generation of {len(ids)} ids and {len(hashes)} hashes was given {len(vectors)} new "
+                             "vectors", code=codes.VECTORS_CORRUPT, details={"ids": len(ids)})
+        if self._fits_segment(base, previous, len(vectors), pieces, questions):
+            assert base is not None and previous is not None
+            return self._commit_segment(ids, hashes, vectors, embedding, params, alpha, previous, base,
+                                        extra, side_weight, pieces)
         gen = f"{int(time.time() * 1000):x}-{secrets.token_hex(3)}"
         base_gen = (previous or {}).get("generation")
         names = _names(gen)
@@ -381,68 +507,153 @@ class DerivedCache:
         written: list[Path] = []
         try:
             files: dict[str, Any] | None = None
-            if base is not None and not len(base):
-                base = None  # an empty generation: nothing to extend
+            graph = None
             pieces = joined_pieces(base, pieces)
+            added = np.ascontiguousarray(vectors, dtype=np.float32)
+            if base is not None and base.tail is not None:  # a merge: the segments' rows join the base's
+                vectors = np.concatenate([base.tail, added])
             if count:
                 vectors = np.ascontiguousarray(vectors, dtype=np.float32)
                 index_path = self.folder / names["index"]
-                if self.graph:
-                    if base is not None and base.hnsw_path is not None:
-                        base.verify_graph()  # hnswlib trusts what it reads: only the graph the manifest names
-                        graph = load_hnsw(base.hnsw_path, base.dim, capacity=count)
-                        graph = build_hnsw(vectors, params, base=graph)
-                    elif base is not None:  # no graph to extend (no signing key): one over every row
-                        graph = build_hnsw(np.concatenate([np.asarray(base.vectors, dtype=np.float32), vectors]),
-                                           params)
-                    else:
-                        graph = build_hnsw(vectors, params)
+                graph = self._graph(base, vectors, params, count) if self.graph else None
+                if graph is not None:
                     written.append(index_path)
                     graph.save_index(str(index_path))
                 digests, paths = self._write_rows(names, written, ids, hashes, vectors, base, pieces, questions)
                 if self.graph:
                     digests["index"] = file_sha256(index_path)
                     paths.insert(0, ("index", index_path))
-                files = {}
-                for key, path in paths:
-                    os.chmod(path, FILE_MODE)
-                    fsync_path(path)
-                    files[key] = {"name": path.name, "bytes": path.stat().st_size, "sha256": digests[key]}
-                fsync_dir(self.folder)
-                crash_point("commit-files-written")
-            order = self._order_stats(vectors, base, previous)
-            now = now_iso()
-            doc: dict[str, Any] = {
-                "format": CACHE_FORMAT,
-                "schema_version": SCHEMA_VERSION,
-                "generation": gen,
-                # An append keeps every row of this generation: readers keep their label mapping.
-                "appended_to": base_gen if base is not None else None,
-                "embedding": embedding,
-                "hnsw": params.to_dict(),
-                "alpha": alpha,
-                "files": files,
-                "covers": {"count": count, "digest": covers_digest(ids, hashes),
-                           "last_id": ids[-1] if ids else None},
-                "order": order,  # running sums for the coherence of log order (search/neighbours.py)
-                "kappa": kappa(order),
-                "created_at": (previous or {}).get("created_at") or now,
-                "rebuilt_at": now if rebuilt else (previous or {}).get("rebuilt_at"),
-                "updated_at": now,
-                **carried_side_weight(side_weight, previous),
-                **pieces_field(pieces),
-                **questions_field(questions if count else None),
-                **(extra or {}),
-            }
+                files = self._durable(paths, digests, "commit-files-written")
+            order = self._order_stats(added, base, previous)
+            doc = self._document(gen, previous, embedding, params, alpha, files, order, rebuilt=rebuilt,
+                                 appended_to=base_gen if base is not None else None,
+                                 covers={"count": count, "digest": covers_digest(ids, hashes),
+                                         "last_id": ids[-1] if ids else None},
+                                 side_weight=side_weight,
+                                 fields={**pieces_field(pieces), **questions_field(questions if count else None),
+                                         **(extra or {})})
             manifest = cast(Manifest, sign(doc))
             atomic_write_bytes(self.manifest_path, dumps(manifest, pretty=True))
             self.written = gen
+            self._built = (gen, graph) if count else None
         except BaseException:
             for path in written:
                 path.unlink(missing_ok=True)
             raise
-        self.collect_garbage(keep=gen)
+        self.collect_garbage(manifest)
         return manifest
+
+    def _durable(self, paths: list[tuple[str, Path]], digests: dict[str, str], point: str) -> dict[str, Any]:
+        """Make written files owner-only and durable (then the folder); the manifest's entries for them."""
+        files = {}
+        for key, path in paths:
+            os.chmod(path, FILE_MODE)
+            fsync_path(path)
+            files[key] = {"name": path.name, "bytes": path.stat().st_size, "sha256": digests[key]}
+        fsync_dir(self.folder)
+        crash_point(point)
+        return files
+
+    @staticmethod
+    def _graph(base: VectorIndex | None, vectors: np.ndarray, params: HnswParams, count: int) -> Any:
+        """The new generation's graph: base's extended by ``vectors`` (the rows after its base files'),
+        else one over every row."""
+        if base is not None and base.hnsw_path is not None:
+            base.verify_graph()  # hnswlib trusts what it reads: only the graph the manifest names
+            return build_hnsw(vectors, params, base=load_hnsw(base.hnsw_path, base.dim, capacity=count))
+        if base is not None:  # no graph to extend (no signing key): one over every row
+            return build_hnsw(np.concatenate([np.asarray(base.base, dtype=np.float32), vectors]), params)
+        return build_hnsw(vectors, params)
+
+    @staticmethod
+    def _fits_segment(base: VectorIndex | None, previous: Manifest | None, rows: int, pieces: Pieces | None,
+                      questions: Questions | None) -> bool:
+        """Whether an append of ``rows`` rows goes into one more segment (not a merge): to a generation
+        read from its files, with HyPE's questions unchanged, within ``MAX_SEGMENTS`` and ``MAX_TAIL_ROWS``."""
+        if base is None or previous is None or not rows or base.vectors_path is None or not previous.get("files"):
+            return False
+        if questions is not base.questions or (pieces is None) != (not isinstance(previous.get("pieces"), dict)):
+            return False
+        segments = segments_of(previous)
+        return len(segments) < MAX_SEGMENTS and sum(int(seg.get("rows") or 0) for seg in segments) + rows <= MAX_TAIL_ROWS
+
+    def _commit_segment(self, ids: list[str], hashes: list[str], vectors: np.ndarray, embedding: dict[str, Any],
+                        params: HnswParams, alpha: float, previous: Manifest, base: VectorIndex,
+                        extra: dict[str, Any] | None, side_weight: dict[str, Any] | None,
+                        pieces: Pieces | None) -> Manifest:
+        """Append ``vectors`` (the rows after base's) as one new segment: its files, then the manifest
+        naming base's files, the segments so far and it.  O(rows appended), whatever base's size."""
+        gen = f"{int(time.time() * 1000):x}-{secrets.token_hex(3)}"
+        names = _segment_names(gen)
+        start = len(base)
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        written: list[Path] = []
+        try:
+            keymap_path = self.folder / names["keymap"]
+            written.append(keymap_path)
+            owner = [] if pieces is None else pieces.owner.tolist()
+            keymap = dumps({"format": CACHE_FORMAT, "ids": ids[start:], "hashes": hashes[start:], "piece_owner": owner})
+            with _create(keymap_path) as f:
+                f.write(keymap)
+            digests = {"keymap": hashlib.sha256(keymap).hexdigest()}
+            paths = [("keymap", keymap_path)]
+            for key, rows in (("vectors", vectors), ("pieces", pieces.vectors if pieces is not None else None)):
+                if rows is not None and len(rows):
+                    path = self.folder / names[key]
+                    written.append(path)
+                    digests[key] = _write_vectors(path, rows, None)
+                    paths.append((key, path))
+            files = self._durable(paths, digests, "segment-files-written")
+            n_pieces = len(pieces) if pieces is not None else 0
+            segment = {"id": gen, "rows": len(vectors), "pieces": n_pieces, "files": files}
+            rule = previous.get("pieces")
+            covers = previous.get("covers") or {}
+            doc = self._document(gen, previous, embedding, params, alpha, previous.get("files"),
+                                 self._order_stats(vectors, base, previous), rebuilt=False,
+                                 appended_to=previous.get("generation"),
+                                 covers={"count": len(ids), "last_id": ids[-1],
+                                         "digest": covers_digest(ids[start:], hashes[start:],
+                                                                 str(covers.get("digest") or ""))},
+                                 side_weight=side_weight,
+                                 fields={**({"pieces": {**rule, "rows": int(rule.get("rows") or 0) + n_pieces}}
+                                            if isinstance(rule, dict) else {}),
+                                         **({"questions": previous["questions"]} if "questions" in previous else {}),
+                                         **(extra or {}),
+                                         "segments": [*segments_of(previous), segment]})
+            manifest = cast(Manifest, sign(doc))
+            atomic_write_bytes(self.manifest_path, dumps(manifest, pretty=True))
+        except BaseException:
+            for path in written:
+                path.unlink(missing_ok=True)
+            raise
+        self.collect_garbage(manifest)  # (what a writer killed mid-commit left: a folder listing, no reads)
+        return manifest
+
+    @staticmethod
+    def _document(gen: str, previous: Manifest | None, embedding: dict[str, Any], params: HnswParams, alpha: float,
+                  files: Any, order: dict[str, Any], *, rebuilt: bool, appended_to: Any, covers: dict[str, Any],
+                  side_weight: dict[str, Any] | None, fields: dict[str, Any]) -> dict[str, Any]:
+        """A manifest's fields (unsigned)."""
+        now = now_iso()
+        return {
+            "format": CACHE_FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "generation": gen,
+            # An append keeps every row of this generation: readers keep their label mapping.
+            "appended_to": appended_to,
+            "embedding": embedding,
+            "hnsw": params.to_dict(),
+            "alpha": alpha,
+            "files": files,
+            "covers": covers,
+            "order": order,  # running sums for the coherence of log order (search/neighbours.py)
+            "kappa": kappa(order),
+            "created_at": (previous or {}).get("created_at") or now,
+            "rebuilt_at": now if rebuilt else (previous or {}).get("rebuilt_at"),
+            "updated_at": now,
+            **carried_side_weight(side_weight, previous),
+            **fields,
+        }
 
     def _write_rows(self, names: dict[str, str], written: list[Path], ids: list[str], hashes: list[str],
                     vectors: np.ndarray, base: VectorIndex | None, pieces: Pieces | None,
@@ -477,13 +688,13 @@ class DerivedCache:
             return order_stats(vectors)
         before = (previous or {}).get("order")
         if isinstance(before, dict) and before.get("rows") == len(base):
-            return order_stats(vectors, before, np.asarray(base.vectors[-1]))
+            return order_stats(vectors, before, base.row(len(base) - 1))
         return order_stats(np.concatenate([np.asarray(base.vectors, dtype=np.float32), vectors]))
 
-    def collect_garbage(self, keep: str | None) -> list[str]:
-        """Delete generations other than ``keep`` and stale temp files (under the lock)."""
+    def collect_garbage(self, keep: Manifest | None) -> list[str]:
+        """Delete the derived files ``keep`` (a manifest) does not name, and stale temp files (under the lock)."""
         removed = []
-        keep_names = set(_names(keep).values()) if keep else set()
+        keep_names = referenced(keep)
         for path in self.folder.iterdir():
             name = path.name
             stale_tmp = name.startswith(".") and name.endswith(".tmp")

@@ -27,13 +27,16 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, loads, open_regular
 from ..log import LogScan, fill_content_hashes, from_state_doc, state_doc
 from ..records import EMBED_TEMPLATE, SCHEMA_VERSION
 from ..trust import available, file_sha256, sign, verify
+
+if TYPE_CHECKING:
+    from .verified import Verified
 
 NAME = "log-checkpoint.json"
 FORMAT = 3
@@ -43,9 +46,10 @@ MIN_TAIL = 1 << 20  # bytes read past the checkpoint before a reader writes a ne
 SHARE_GROWN = 4  # ... and at least 1/SHARE_GROWN of what it holds
 
 
-def load(path: Path, log: Path, inode: int) -> "tuple[LogScan, bytes] | None":
+def load(path: Path, log: Path, inode: int, verified: "Verified | None" = None) -> "tuple[LogScan, bytes] | None":
     """The state a checkpoint of ``log`` (whose inode is ``inode``) holds, and its guard; None when there is
-    no usable one (missing, of another log or other bytes, not signed by this user, damaged)."""
+    no usable one (missing, of another log or other bytes, not signed by this user, damaged).  ``verified``:
+    where a check of the payload's sha256 against the signed header is remembered (``verified.py``)."""
     try:
         fd = open_regular(path, os.O_RDONLY)  # never a FIFO, a device or a link
         with os.fdopen(fd, "rb") as f:
@@ -56,7 +60,11 @@ def load(path: Path, log: Path, inode: int) -> "tuple[LogScan, bytes] | None":
                     and header.get("bytes") == os.fstat(f.fileno()).st_size - len(header_line)):
                 return None
             payload = f.read()
-        if header.get("sha256") != hashlib.sha256(payload).hexdigest():
+        def digest() -> str:
+            return hashlib.sha256(payload).hexdigest()
+
+        if not (verified.check(path, header.get("sha256"), digest) if verified is not None
+                else header.get("sha256") == digest()):
             return None
         scan = from_state_doc(loads(payload))
         guard = base64.b64decode(header["guard"])

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 RECORDS = "records.jsonl"
 MEMORY_FILES = (RECORDS, RECORDS + ".torn", "manifest.json", "lexical.json", "usage.json", "usage.jsonl",
                 ".lock", ".lock.holder.json", ".gitignore", ".gitattributes", "serve.sock", "serve.lock",
-                "log-checkpoint.json")
+                "log-checkpoint.json", "verified.json")
 GITIGNORE = """# nubos-memory: everything here but the source of truth is a derived cache,
 # rebuilt exactly from records.jsonl by `np-tools memory-rebuild`.
 *

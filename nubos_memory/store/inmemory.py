@@ -323,7 +323,7 @@ class InMemoryStore:
         now = now_iso()
         before = (previous or {}).get("order")
         if base is not None and isinstance(before, dict) and before.get("rows") == len(base):
-            order = order_stats(added, before, np.asarray(base.vectors[-1]))
+            order = order_stats(added, before, base.row(len(base) - 1))
         else:
             order = order_stats(rows)
         doc: dict[str, Any] = {

@@ -29,6 +29,39 @@ MANIFEST = "lexical.json"
 FORMAT = 2
 
 
+MEMBERS = ("indptr", "docs", "tfs", "df", "doc_len", "removed", "removed_df", "vocab")
+
+
+def mapped_members(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``np.savez`` file, memory-mapped where they are stored uncompressed (as
+    ``np.savez`` stores them: a query reads only the postings of its terms), else read."""
+    import zipfile
+
+    out: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        for info in z.infolist():
+            key = info.filename.removesuffix(".npy")
+            if key not in MEMBERS:
+                continue
+            if info.compress_type != zipfile.ZIP_STORED:
+                with z.open(info) as member:
+                    out[key] = np.lib.format.read_array(member, allow_pickle=False)
+                continue
+            f.seek(info.header_offset)
+            local = f.read(30)  # the local file header: its name and extra field lengths end it
+            if local[:4] != b"PK\x03\x04":
+                raise ValueError("zip member header")
+            f.seek(info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little"))
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(f)
+            if fortran or dtype.hasobject:
+                raise ValueError("array layout")
+            out[key] = np.memmap(path, dtype=dtype, mode="r", offset=f.tell(), shape=shape) if int(np.prod(shape)) \
+                else np.zeros(shape, dtype=dtype)
+    return out
+
+
 class LexicalCache:
     def __init__(self, folder: Path, digest: Callable[[int], str]):
         self.folder = folder
@@ -50,9 +83,8 @@ class LexicalCache:
             name = Path(str(meta["file"])).name
             if (self.folder / name).is_symlink():
                 return None
-            with np.load(self.folder / name, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in ("indptr", "docs", "tfs", "df", "doc_len", "removed", "removed_df")}
-                vocab = bytes(z["vocab"]).decode("utf-8")
+            arrays = mapped_members(self.folder / name)
+            vocab = bytes(arrays.pop("vocab")).decode("utf-8")
             terms = vocab.split("\n") if vocab else []
             if len(arrays["doc_len"]) != count or len(terms) != len(arrays["df"]):
                 return None

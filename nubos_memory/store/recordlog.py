@@ -22,6 +22,7 @@ from ..log import LogScan, classify, feed, frame, restart
 from ..records import now_iso
 from ..types import Record
 from . import checkpoint as checkpoints
+from .verified import Verified
 
 GUARD = 4096  # bytes before the read point kept to tell that they are still the ones read
 
@@ -42,6 +43,7 @@ class RecordLog:
         self.path = path
         # the state kept beside the log for new processes (``checkpoint.py``; the store's own log only)
         self.checkpoint = path.with_name(checkpoints.NAME) if checkpoint else None
+        self.verified = Verified(path.parent) if checkpoint else None  # (the checkpoint's payload, checked once)
         self.save_due: LogScan | None = None  # a state worth a new checkpoint (the store saves it under the lock)
 
     def scan(self) -> LogScan:
@@ -66,7 +68,7 @@ class RecordLog:
         try:
             st = os.fstat(fd)
             if scan is None and self.checkpoint is not None:
-                got = checkpoints.load(self.checkpoint, self.path, st.st_ino)
+                got = checkpoints.load(self.checkpoint, self.path, st.st_ino, self.verified)
                 if got is not None:
                     scan, guard = got
                     cursor = scan.cursor = FileCursor(st.st_ino, guard)

@@ -1,0 +1,90 @@
+"""Which derived files this user's processes already checked, so that a new process need not hash them again.
+
+A one-shot call checked the sha256 of every derived file it read against the signed manifest: at
+100k records the vectors alone are 150 MB (0.1 s), at a million 1.5 GB (about a second), on every
+call (issue 27).  ``verified.json`` remembers, per file name, the sha256 a process found and the
+file's identity when it found it: size, inode, device, mtime and ctime in nanoseconds.  A later
+process that finds the same identity and is asked for the same sha256 trusts the file without
+reading it.  Any write to the file, a ``touch``, a ``chmod`` or a replacement changes its ctime or
+inode, which no one but the kernel sets, so it is hashed again, as git's index trusts a file whose
+stat data did not change.  Like git, it does not remember a file whose ctime is so recent that a
+change within the same clock tick could keep it (``SETTLE_S``): a file written in the last seconds
+is hashed by every reader until it has settled.
+
+It is derived data: signed with this user's key (``trust.py``) like the manifest, never trusted
+otherwise, written aside and swapped in atomically by whichever process learned something new
+(readers too: losing an entry to a concurrent writer of it costs one more hash, never a wrong
+answer), and forgetting entries of files that are gone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
+from ..trust import available, sign, verify
+
+NAME = "verified.json"
+FORMAT = 1
+SETTLE_S = 2.0  # a file changed less than this long ago is not remembered (a change in the same tick)
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns]
+
+
+class Verified:
+    """The checked files of one folder (module docstring)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._entries: dict[str, list[Any]] | None = None
+
+    def _read(self) -> dict[str, list[Any]]:
+        """The entries on disk (none when missing, damaged or not signed by this user)."""
+        try:
+            doc = loads(read_regular(self.folder / NAME))
+            if isinstance(doc, dict) and doc.get("format") == FORMAT and verify(doc) and isinstance(doc.get("files"), dict):
+                return {str(k): v for k, v in doc["files"].items() if isinstance(v, list)}
+        except (OSError, JSONDecodeError):
+            pass
+        return {}
+
+    def _load(self) -> dict[str, list[Any]]:
+        if self._entries is None:
+            self._entries = self._read()
+        return self._entries
+
+    def check(self, path: Path, sha256: Any, digest: Callable[[], str]) -> bool:
+        """Whether ``path`` holds the bytes whose sha256 is ``sha256``: known from an earlier check of
+        the same file, else ``digest()`` (the file's sha256, computed) is compared and remembered."""
+        if not isinstance(sha256, str) or not available():
+            return isinstance(sha256, str) and digest() == sha256
+        try:
+            before = os.stat(path)
+        except OSError:
+            return False
+        entries = self._load()
+        if entries.get(path.name) == [*_identity(before), sha256]:
+            return True
+        if digest() != sha256:
+            return False
+        if time.time_ns() - before.st_ctime_ns > SETTLE_S * 1e9:
+            entries[path.name] = [*_identity(before), sha256]
+            self._save(path.name, entries[path.name])
+        return True
+
+    def _save(self, name: str, entry: list[Any]) -> None:
+        """Add one entry to what is on disk now (another process may have added others), keeping only
+        files still there (best effort: derived data)."""
+        merged = {**self._read(), **(self._entries or {}), name: entry}
+        kept = {n: e for n, e in merged.items() if (self.folder / n).is_file()}
+        self._entries = kept
+        try:
+            atomic_write_bytes(self.folder / NAME, dumps(sign({"format": FORMAT, "files": kept})))
+        except OSError:
+            pass
