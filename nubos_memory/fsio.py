@@ -8,6 +8,7 @@ file or the new one, never half of either.  Files are created 0600.
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import stat
 import tempfile
@@ -20,6 +21,19 @@ from .faults import crash_point
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+
+
+def loads_bulk(data: bytes) -> Any:
+    """Parse a large JSON document (a log checkpoint, a keymap: a million objects) with the cyclic
+    garbage collector paused: it would otherwise walk the objects being built again and again
+    (a third of the parse at 100k records).  Nothing made here forms a cycle."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return orjson.loads(data)
+    finally:
+        if was:
+            gc.enable()
 
 
 def dumps(obj: Any, *, pretty: bool = False) -> bytes:

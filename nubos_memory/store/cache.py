@@ -60,6 +60,7 @@ from ..fsio import (
     fsync_dir,
     fsync_path,
     loads,
+    loads_bulk,
     read_regular,
 )
 from ..index.vectors import (
@@ -220,7 +221,7 @@ def _read_keymap(path: Path, sha256: Any, count: int, pieces: int, questions: in
         raw_keymap = path.read_bytes()
         if hashlib.sha256(raw_keymap).hexdigest() != sha256:
             raise ValueError("checksum")
-        km = loads(raw_keymap)
+        km = loads_bulk(raw_keymap)
         ids, hashes = km["ids"], km["hashes"]
         if not (isinstance(ids, list) and isinstance(hashes, list) and len(ids) == len(hashes) == count):
             raise ValueError("length")

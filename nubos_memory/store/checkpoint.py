@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, loads, open_regular
+from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, loads, loads_bulk, open_regular
 from ..log import LogScan, fill_content_hashes, from_state_doc, state_doc
 from ..records import EMBED_TEMPLATE, SCHEMA_VERSION
 from ..trust import available, file_sha256, sign, verify
@@ -66,7 +66,7 @@ def load(path: Path, log: Path, inode: int, verified: "Verified | None" = None) 
         if not (verified.check(path, header.get("sha256"), digest) if verified is not None
                 else header.get("sha256") == digest()):
             return None
-        scan = from_state_doc(loads(payload))
+        scan = from_state_doc(loads_bulk(payload))
         guard = base64.b64decode(header["guard"])
         if scan.applied != header.get("applied") or file_sha256(log, scan.applied) != header.get("prefix"):
             return None
