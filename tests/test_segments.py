@@ -165,7 +165,7 @@ def test_the_warm_server_merges_segments_when_idle(project: Path, monkeypatch: p
     assert len(_manifest(project)["segments"]) == MERGE_IDLE_SEGMENTS
     warm = WarmMemory(str(project))
     warm.warm_up()
-    assert warm.catch_up() == 0
+    assert warm.catch_up(quiet_s=0) == 0
     assert not _manifest(project).get("segments") and _manifest(project)["covers"]["count"] == 34
 
 
@@ -226,3 +226,59 @@ def test_kill_9_during_a_merge_loses_nothing_and_needs_no_rebuild(project: Path,
     leftovers = [p.name for p in folder.iterdir()
                  if p.name.startswith(("index-", "keymap-", "vectors-", "segment-")) and p.name not in named]
     assert leftovers == []
+
+
+def test_a_small_base_and_a_big_segment_are_searched_exactly_in_a_warm_process(project: Path):
+    """An import into a small memory goes into one segment beside a base the graph barely covers: the
+    graph is not asked for more than it holds (hnswlib fails on near duplicates then), the rows are scanned."""
+    mem = Memory.open(project)
+    mem.index([rec(f"seed {i} kafka", "redis ledger") for i in range(60)])
+    mem.index([rec(f"seed {i} kafka", "redis ledger") for i in range(60, 5060)])
+    manifest = _manifest(project)
+    assert [seg["rows"] for seg in manifest["segments"]] == [5000]  # 5,060 rows: above EXACT_LIMIT
+    hits = {mode: [h["id"] for h in mem.query("seed 4000 kafka", mode=mode, k=10)["hits"]]
+            for mode in ("vector", "hybrid")}
+    assert all(len(v) == 10 for v in hits.values())
+    assert mem.vectors.merge_segments("test")
+    merged = Memory.open(project)
+    merged.snap.graph = False  # the merged rows scanned exactly (as a one-shot process does): the same ranking
+    assert {mode: [h["id"] for h in merged.query("seed 4000 kafka", mode=mode, k=10)["hits"]]
+            for mode in ("vector", "hybrid")} == hits
+
+
+def test_memory_mcp_runs_the_idle_loop(project: Path, monkeypatch: pytest.MonkeyPatch):
+    from nubos_memory.interfaces import mcp_server, warm
+
+    started = []
+
+    class Served:
+        def run(self, transport: str) -> None:
+            for _ in range(100):
+                if started:
+                    return
+                import time
+
+                time.sleep(0.05)
+
+    monkeypatch.setattr(warm, "catch_up_forever", lambda w, stop: started.append(w))
+    monkeypatch.setattr(mcp_server, "build_server", lambda root: (Served(), object()))
+    mcp_server.run_mcp(str(project))
+    assert len(started) == 1  # side-weight estimates and merges happen for memories written over MCP too
+
+
+def test_idle_work_that_found_nothing_waits_for_a_new_generation(project: Path, monkeypatch: pytest.MonkeyPatch):
+    from nubos_memory.interfaces.warm import WarmMemory
+
+    Memory.open(project).index(_records(30))
+    warm = WarmMemory(str(project))
+    warm.warm_up()
+    calls = []
+    real = warm.memory.vectors.idle
+    monkeypatch.setattr(warm.memory.vectors, "idle", lambda *a: calls.append(a) or real(*a))
+    for _ in range(3):
+        assert warm.catch_up(quiet_s=0) == 0
+    assert len(calls) == 1  # nothing to do on this generation: not tried again every half second
+    with warm.use(writes=True) as mem:
+        mem.add(_records(1, 77)[0], force=True)
+    warm.catch_up(quiet_s=0)
+    assert len(calls) == 2

@@ -259,11 +259,13 @@ def test_memory_serve_estimates_when_idle_never_while_a_write_waits(project):
         mem.index([_body(r) for r in topical(30)])
         mem.add(_body(topical(31)[30]), force=True)
     assert "side_weight" not in warm.memory.store.read_manifest()  # the writes did not wait for it
-    assert warm.catch_up() == 0  # idle: the estimate is made and committed (merging the segments)
+    assert warm.catch_up() == 0  # a request came just now: the idle work waits for quiet
+    assert "side_weight" not in warm.memory.store.read_manifest()
+    assert warm.catch_up(quiet_s=0) == 0  # idle: the estimate is made and committed (merging the segments)
     manifest = warm.memory.store.read_manifest()
     assert manifest["side_weight"]["records"] == 31 and manifest["side_weight"]["weight"] >= 0.7
     assert not manifest.get("segments")
-    assert warm.catch_up() == 0 and warm.memory.store.read_manifest()["generation"] == manifest["generation"]
+    assert warm.catch_up(quiet_s=0) == 0 and warm.memory.store.read_manifest()["generation"] == manifest["generation"]
     # The same memory written in-process (no server) estimates on the write that crosses +25 %.
     mem = Memory.open(project, embedder=RandomEmbedder("hash-256"))
     mem.index([_body(r) for r in topical(39)[31:]])

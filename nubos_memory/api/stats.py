@@ -77,7 +77,7 @@ def _check_index(index: Any, keymap_count: int, problems: list[dict[str, Any]]) 
     if index is not None and keymap_count:
         from ..index.vectors import usable
 
-        bad = int((~usable(index.vectors)).sum())
+        bad = sum(int((~usable(rows)).sum()) for rows in (index.base, index.tail) if rows is not None)
         if bad:
             problems.append({"code": codes.VECTORS_INVALID, "count": bad,
                              "message": f"{bad} stored vector(s) are non-finite or zero (written by an older version "

@@ -233,7 +233,6 @@ class VectorIndex:
         # then the rows of its segments (``tail``, in memory: store/cache.py, adr/0021)
         self.base = vectors
         self.tail = tail if tail is not None and len(tail) else None
-        self._joined: np.ndarray | None = None
         self.label_of = label_of if label_of is not None else {rid: i for i, rid in enumerate(ids)}
         self._labels_of_hash: dict[str, list[int]] | None = None
         self.hnsw_path = hnsw_path
@@ -260,13 +259,11 @@ class VectorIndex:
 
     @property
     def vectors(self) -> np.ndarray:
-        """Every row in label order: the base's memory-mapped rows, or (with segments) one joined
-        copy made on first use; searches and lookups use :meth:`gather`, :meth:`row`, :meth:`scores`."""
+        """Every row in label order: the base's memory-mapped rows, or (with segments) a joined copy
+        made for this call; searches and lookups use :meth:`gather`, :meth:`row`, :meth:`scores`."""
         if self.tail is None:
             return self.base
-        if self._joined is None:
-            self._joined = np.concatenate([np.asarray(self.base, dtype=np.float32), self.tail])
-        return self._joined
+        return np.concatenate([np.asarray(self.base, dtype=np.float32), self.tail])  # (not kept: rare callers)
 
     def row(self, label: int) -> np.ndarray:
         """One label's stored vector."""
@@ -366,6 +363,8 @@ class VectorIndex:
 
     def hnsw(self) -> Any:
         if self._hnsw is None and self.hnsw_path is not None:
+            if not self.hnsw_path.exists():  # a merge replaced this generation since it was read
+                raise FileNotFoundError(str(self.hnsw_path))
             self.verify_graph()
             self._hnsw = load_hnsw(self.hnsw_path, self.dim)
         return self._hnsw
@@ -411,8 +410,12 @@ class VectorIndex:
                     sims = np.asarray(self.gather(found) @ query, dtype=np.float32)
                     order = np.lexsort((found, -sims))[:k]  # by exact cosine, ties by label
                     return found[order], sims[order]
-        elif n > EXACT_LIMIT and self.hnsw_path is not None and excluded <= OVERFETCH_MAX and self._graph_worth_it():
-            return self._top_graph(query, k, allowed, excluded)
+        elif self.base_rows > EXACT_LIMIT and self.hnsw_path is not None and excluded <= OVERFETCH_MAX \
+                and self._graph_worth_it():
+            try:  # the graph covers the base rows only: a small base and a big segment are scanned exactly
+                return self._top_graph(query, k, allowed, excluded)
+            except (RuntimeError, FileNotFoundError):
+                pass  # hnswlib could not give that many, or a merge deleted the file meanwhile: scan
         rows = np.arange(n) if allowed is None else allowed
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)

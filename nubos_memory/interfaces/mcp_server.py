@@ -693,4 +693,11 @@ def run_mcp(root: str | None) -> None:
             pass
 
     threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
-    server.run("stdio")
+    from .warm import catch_up_forever
+
+    stop = threading.Event()  # (the backlog and idle work, as memory-serve does them: warm.catch_up)
+    threading.Thread(target=catch_up_forever, args=(warm, stop), name="catch-up", daemon=True).start()
+    try:
+        server.run("stdio")
+    finally:
+        stop.set()

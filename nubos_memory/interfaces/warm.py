@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..embed.base import Embedder
 
 CATCH_UP_SLICE_S = 1.0
+IDLE_QUIET_S = 2.0  # idle work (a side-weight estimate, a merge) waits until no request came for this long
 
 
 class WarmMemory:
@@ -44,6 +45,8 @@ class WarmMemory:
         self._read_lock = threading.Lock()
         self._stamp = self._config_stamp()
         self.loads = 0  # model loads (a warm process loads its model once)
+        self._last_request = time.monotonic()
+        self._idle_declined: Any = None  # the generation idle work last found nothing to do on (or failed on)
 
     @staticmethod
     def _twin(mem: "Memory") -> "Memory":
@@ -88,7 +91,11 @@ class WarmMemory:
             with self._write_lock, self._read_lock:
                 self._reopen_if_changed()
         with self._write_lock if writes else self._read_lock:
-            yield self._writer if writes else self._reader
+            self._last_request = time.monotonic()
+            try:
+                yield self._writer if writes else self._reader
+            finally:
+                self._last_request = time.monotonic()
 
     def get(self) -> "Memory":
         """The writer, reopened first if the project config changed (single-threaded callers)."""
@@ -115,9 +122,10 @@ class WarmMemory:
             except NubosMemoryError:
                 pass  # answered per request as degraded, as in-process
 
-    def catch_up(self, budget_s: float = CATCH_UP_SLICE_S) -> int:
+    def catch_up(self, budget_s: float = CATCH_UP_SLICE_S, quiet_s: float = IDLE_QUIET_S) -> int:
         """Embed and commit records that have no vector yet, for at most about ``budget_s`` seconds,
-        if no write is running.  Returns how many are still behind (0: nothing to do)."""
+        if no write is running; with nothing to embed and no request for ``quiet_s``, the idle work
+        (:meth:`idle`).  Returns how many are still behind (0: nothing to do)."""
         if not self._write_lock.acquire(blocking=False):
             return -1
         try:
@@ -128,17 +136,30 @@ class WarmMemory:
             state = mem.vectors.sync(None, cap=mem.config.max_pending_embed, blocking=False, verb="memory-serve",
                                      budget_s=budget_s)
             if state.degraded is not None or not state.indexed:
-                from ..store.base import MERGE_IDLE_SEGMENTS
-
-                # nothing to embed: idle time makes a side-weight estimate that is due, or merges the
-                # segments writes appended (store/cache.py)
-                mem.vectors.idle("memory-serve", MERGE_IDLE_SEGMENTS)
+                if time.monotonic() - self._last_request >= quiet_s:
+                    self.idle(mem)
                 return 0  # nothing to do, or nothing could be committed now: try again later
             return state.behind
         except (NubosMemoryError, OSError):
             return 0
         finally:
             self._write_lock.release()
+
+    def idle(self, mem: "Memory") -> None:
+        """Under the write lock, nothing to embed, no request lately: make a side-weight estimate that
+        is due, or merge the segments writes appended (``VectorSync.idle``).  What found nothing to do,
+        or failed, is not tried again until the generation changes (an estimate can take seconds)."""
+        from ..store.base import MERGE_IDLE_SEGMENTS
+
+        generation = (mem.store.read_manifest() or {}).get("generation")
+        if generation is None or generation == self._idle_declined:
+            return
+        try:
+            done = mem.vectors.idle("memory-serve", MERGE_IDLE_SEGMENTS)
+        except (NubosMemoryError, OSError):
+            done = False
+        if not done:
+            self._idle_declined = generation
 
 
 def catch_up_forever(warm: WarmMemory, stop: threading.Event, idle: float = 0.5) -> None:

@@ -63,6 +63,7 @@ from ..fsio import (
     loads_bulk,
     read_regular,
 )
+from ..index import vectors as vectors_module
 from ..index.vectors import (
     PIECE_LAMBDA,
     PIECE_RULE,
@@ -576,7 +577,9 @@ class DerivedCache:
         if questions is not base.questions or (pieces is None) != (not isinstance(previous.get("pieces"), dict)):
             return False
         segments = segments_of(previous)
-        return len(segments) < MAX_SEGMENTS and sum(int(seg.get("rows") or 0) for seg in segments) + rows <= MAX_TAIL_ROWS
+        tail = sum(int(seg.get("rows") or 0) for seg in segments) + rows
+        # (segments beside a small base are scanned exactly with it: at most twice EXACT_LIMIT rows)
+        return len(segments) < MAX_SEGMENTS and tail <= min(MAX_TAIL_ROWS, max(base.base_rows, vectors_module.EXACT_LIMIT))
 
     def _commit_segment(self, ids: list[str], hashes: list[str], vectors: np.ndarray, embedding: dict[str, Any],
                         params: HnswParams, alpha: float, previous: Manifest, base: VectorIndex,
@@ -588,6 +591,8 @@ class DerivedCache:
         names = _segment_names(gen)
         start = len(base)
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if pieces is not None and len(pieces) and (pieces.owner.min() < start or pieces.owner.max() >= len(ids)):
+            raise StoreError("pieces of rows that are not appended", code=codes.VECTORS_CORRUPT)
         written: list[Path] = []
         try:
             keymap_path = self.folder / names["keymap"]

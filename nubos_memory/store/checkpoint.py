@@ -55,15 +55,16 @@ def load(path: Path, log: Path, inode: int, verified: "Verified | None" = None) 
         with os.fdopen(fd, "rb") as f:
             header_line = f.readline(MAX_HEADER)
             header = loads(header_line)
+            st = os.fstat(f.fileno())  # (what the payload's check is remembered by: the file read)
             if not (isinstance(header, dict) and header.get("format") == FORMAT and header.get("rules") == RULES
                     and header.get("inode") == inode and verify(header)
-                    and header.get("bytes") == os.fstat(f.fileno()).st_size - len(header_line)):
+                    and header.get("bytes") == st.st_size - len(header_line)):
                 return None
             payload = f.read()
         def digest() -> str:
             return hashlib.sha256(payload).hexdigest()
 
-        if not (verified.check(path, header.get("sha256"), digest) if verified is not None
+        if not (verified.check(path, header.get("sha256"), digest, st) if verified is not None
                 else header.get("sha256") == digest()):
             return None
         scan = from_state_doc(loads_bulk(payload))

@@ -85,7 +85,9 @@ class FileStore(LocalDerivedState):
         self.folder = project.memory_dir
         self.log = RecordLog(self.folder / RECORDS, checkpoint=True)
         self.cache = DerivedCache(self.folder)
-        self.lexcache = LexicalCache(self.folder, lambda offset: file_sha256(self.folder / RECORDS, offset))
+        self.lexcache = LexicalCache(self.folder, lambda offset: file_sha256(self.folder / RECORDS, offset),
+                                     self.cache.verified)
+        self.log.verified = self.cache.verified  # one record of checked files for the folder
         self.usage = Usage(self.folder)
         self.write_lock = WriteLock(self.folder, lock_timeout)
         self._guarded = (project.state_dir, self.folder, project.config_path,

@@ -4,12 +4,14 @@ It covers the records parsed from the first ``offset`` bytes of the log and is
 trusted only if the store's digest of those bytes still matches (the file store:
 their sha256, so any edit to the log other than an append invalidates it; the
 database store: the namespace's epoch, which only memory-compact changes) and its description is signed with
-this user's key (``trust.py``).  Records appended after it was
+this user's key (``trust.py``), with the npz's sha256 (checked once per version of the file:
+``verified.py``; its arrays are memory-mapped, so the zip's own checks never run).  Records appended after it was
 saved are tokenised on load and added in memory; writers save it again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import secrets
 import time
@@ -23,10 +25,11 @@ from ..faults import crash_point
 from ..fsio import atomic_write_bytes, dumps, loads, read_regular
 from ..index.lexical import PostingsBM25
 from ..tokenize import TOKENIZER_VERSION
-from ..trust import available, sign, verify
+from ..trust import available, file_sha256, sign, verify
+from .verified import Verified
 
 MANIFEST = "lexical.json"
-FORMAT = 2
+FORMAT = 3  # 3: the npz's sha256 is in the signed description (its arrays are mapped, not read: no zip CRC)
 
 
 MEMBERS = ("indptr", "docs", "tfs", "df", "doc_len", "removed", "removed_df", "vocab")
@@ -63,9 +66,10 @@ def mapped_members(path: Path) -> dict[str, np.ndarray]:
 
 
 class LexicalCache:
-    def __init__(self, folder: Path, digest: Callable[[int], str]):
+    def __init__(self, folder: Path, digest: Callable[[int], str], verified: Verified | None = None):
         self.folder = folder
         self.digest = digest  # offset -> what identifies the log's first ``offset`` bytes
+        self.verified = verified or Verified(folder)  # the npz checked against its sha256 once per version
 
     def load(self, max_records: int) -> tuple[PostingsBM25, int] | None:
         """The saved engine and the log offset it covers, if still valid; else None.
@@ -81,9 +85,10 @@ class LexicalCache:
             if count > max_records or self.digest(offset) != meta["sha256"]:
                 return None
             name = Path(str(meta["file"])).name
-            if (self.folder / name).is_symlink():
+            path = self.folder / name
+            if path.is_symlink() or not self.verified.check(path, meta.get("npz_sha256"), lambda: file_sha256(path)):
                 return None
-            arrays = mapped_members(self.folder / name)
+            arrays = mapped_members(path)
             vocab = bytes(arrays.pop("vocab")).decode("utf-8")
             terms = vocab.split("\n") if vocab else []
             if len(arrays["doc_len"]) != count or len(terms) != len(arrays["df"]):
@@ -106,10 +111,11 @@ class LexicalCache:
         named: dict[str, Any] = {"vocab": np.frombuffer("\n".join(terms).encode("utf-8"), dtype=np.uint8), **arrays}
         np.savez(buf, **named)
         name = f"lexical-{int(time.time() * 1000):x}-{secrets.token_hex(3)}.npz"
-        atomic_write_bytes(self.folder / name, buf.getvalue())
+        data = buf.getvalue()
+        atomic_write_bytes(self.folder / name, data)
         crash_point("lexical-npz-written")
         meta = {"format": FORMAT, "tokenizer": TOKENIZER_VERSION, "count": engine.size, "offset": offset,
-                "sha256": self.digest(offset), "file": name}
+                "sha256": self.digest(offset), "file": name, "npz_sha256": hashlib.sha256(data).hexdigest()}
         atomic_write_bytes(self.folder / MANIFEST, dumps(sign(meta), pretty=True))
         for old in self.folder.glob("lexical-*.npz"):
             if old.name != name:

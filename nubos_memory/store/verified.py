@@ -59,13 +59,14 @@ class Verified:
             self._entries = self._read()
         return self._entries
 
-    def check(self, path: Path, sha256: Any, digest: Callable[[], str]) -> bool:
+    def check(self, path: Path, sha256: Any, digest: Callable[[], str], st: os.stat_result | None = None) -> bool:
         """Whether ``path`` holds the bytes whose sha256 is ``sha256``: known from an earlier check of
-        the same file, else ``digest()`` (the file's sha256, computed) is compared and remembered."""
+        the same file, else ``digest()`` (the file's sha256, computed) is compared and remembered.
+        ``st``: the file's stat taken through the descriptor ``digest`` reads (else the path's, now)."""
         if not isinstance(sha256, str) or not available():
             return isinstance(sha256, str) and digest() == sha256
         try:
-            before = os.stat(path)
+            before = st if st is not None else os.stat(path)
         except OSError:
             return False
         entries = self._load()
