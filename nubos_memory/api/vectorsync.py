@@ -406,8 +406,8 @@ class VectorSync:
                 if err:
                     raise err
             records = snap.records
-            ids = list(current.ids) if current else []
-            hashes = list(current.hashes) if current else []
+            ids: list[str] = current.ids if current else []  # (not copied: the commit below makes new lists)
+            hashes: list[str] = current.hashes if current else []
             label_of = current.label_of if current else {}
             replaced: dict[int, np.ndarray] = {}
             new_ids: list[str] = []
@@ -423,6 +423,8 @@ class VectorSync:
                     new_hashes.append(h)
                     new_vecs.append(state.extra[pos])
                 elif hashes[label] != h:  # the record's text changed (a hand edit): replace its vector
+                    if not replaced:
+                        hashes = list(hashes)  # (the current generation's own list stays as it is)
                     hashes[label] = h
                     replaced[label] = state.extra[pos]
                 else:

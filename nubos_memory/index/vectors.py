@@ -319,16 +319,14 @@ class VectorIndex:
         self.use_graph, self.scans, self.check_file = other.use_graph, other.scans, other.check_file
 
     def inherit_hash_labels(self, other: "VectorIndex") -> None:
-        """Take ``other``'s content-hash map, built already, extended by this index's rows after its
-        (an index that only appended rows to ``other``'s: a shallow copy, not a pass over every row)."""
+        """Take ``other``'s content-hash map, built already, grown in place by this index's rows after
+        its (an index that only appended rows to ``other``'s, which is not used again: store/cache.py)."""
         known = other.hash_labels_built()
         if known is None:
             return
-        grown = dict(known)
         for label in range(len(other), len(self)):
-            h = self.hashes[label]
-            grown[h] = [*grown.get(h, ()), label]
-        self._labels_of_hash = grown
+            known.setdefault(self.hashes[label], []).append(label)
+        self._labels_of_hash = known
 
     def hash_labels_built(self) -> "dict[str, list[int]] | None":
         """The content-hash map, if a lookup built it already."""

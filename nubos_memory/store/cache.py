@@ -249,6 +249,7 @@ class DerivedCache:
         # segments to it reuses its parsed keymap, label maps and rows instead of reading them again
         self._loaded: tuple[tuple[Any, ...], list[str], VectorIndex] | None = None
         self._built: tuple[str, Any] | None = None  # the graph this process wrote last (its generation, hnswlib)
+        self._appended: tuple[str, list[str], list[str]] | None = None  # the lists of the segment it wrote last
         self.verified = Verified(folder)  # derived files checked already (by any process of this user)
 
     @property
@@ -339,14 +340,16 @@ class DerivedCache:
         key = (*((k, (files.get(k) or {}).get("name"), (files.get(k) or {}).get("sha256")) for k in sorted(files)),
                base_count, base_pieces, n_questions, isinstance(rule, dict))
         names = [str(seg.get("id")) for seg in segments]
-        last = self._loaded
+        last, lists = self._loaded, self._appended
         if last is not None and last[0] == key and names[:len(last[1])] == last[1]:
-            index = self._extend(last[2], segments[len(last[1]):], dim, isinstance(rule, dict))
+            given = lists[1:] if lists is not None and lists[0] == manifest.get("generation") \
+                and len(lists[1]) == count else None  # the lists this process committed: no copy
+            index = self._extend(last[2], segments[len(last[1]):], dim, isinstance(rule, dict), given)
         else:
             index = self._load_base(manifest, files, paths, base_count, base_pieces, n_questions, ef)
             if segments:
                 index = self._extend(index, segments, dim, isinstance(rule, dict))
-        self._loaded = (key, names, index)
+        self._loaded, self._appended = (key, names, index), None
         return index
 
     def _load_base(self, manifest: Manifest, files: dict[str, Any], paths: dict[str, Path], count: int,
@@ -379,22 +382,35 @@ class DerivedCache:
                 index.adopt_graph(index, built=self._built[1])  # the graph this process just wrote
         return index
 
-    def _extend(self, index: VectorIndex, segments: list[dict[str, Any]], dim: Any, keeps: bool) -> VectorIndex:
-        """``index`` with ``segments``' rows after its own: a new index sharing its base rows and graph."""
+    def _extend(self, index: VectorIndex, segments: list[dict[str, Any]], dim: Any, keeps: bool,
+                given: tuple[list[str], list[str]] | None = None) -> VectorIndex:
+        """``index`` with ``segments``' rows after its own: a new index sharing its base rows and graph.
+
+        The id → label map (and the content-hash map) are ``index``'s, grown in place rather than
+        copied (a copy is O(records) per write: 50 ms at a million).  ``index`` is the last generation
+        this cache loaded, which its process stops using once it reads the new one
+        (``Snapshot.vectors``), so nothing reads it after its maps have grown.  ``given``: the whole id
+        and hash lists, as this process committed them (else ``index``'s are copied and extended)."""
         if not segments:
             return index
-        ids, hashes = list(index.ids), list(index.hashes)
-        label_of = dict(index.label_of)
+        n = len(index)
+        ids, hashes = (list(index.ids), list(index.hashes)) if given is None else ([], [])
+        label_of = index.label_of
         tails = [index.tail] if index.tail is not None else []
         piece_parts = [index.tail_pieces] if index.tail_pieces is not None else []
         for seg in segments:
-            seg_ids, seg_hashes, rows, pieces = self._segment(seg, len(ids), dim)
-            label_of.update((rid, len(ids) + i) for i, rid in enumerate(seg_ids))
+            seg_ids, seg_hashes, rows, pieces = self._segment(seg, n, dim)
+            label_of.update((rid, n + i) for i, rid in enumerate(seg_ids))
+            n += len(seg_ids)
             ids += seg_ids
             hashes += seg_hashes
             tails.append(rows)
             if pieces is not None and len(pieces):
                 piece_parts.append(pieces)
+        if given is not None:  # the lists the commit was given end with exactly these rows
+            if given[0][len(index):] != ids or given[1][len(index):] != hashes:
+                raise StoreError("keymap is corrupt; run memory-rebuild", code=codes.KEYMAP_CORRUPT)
+            ids, hashes = given
         tail = np.concatenate(tails) if len(tails) > 1 else tails[0]
         tail_pieces = None
         if keeps and piece_parts:
@@ -628,6 +644,7 @@ class DerivedCache:
                                          "segments": [*segments_of(previous), segment]})
             manifest = cast(Manifest, sign(doc))
             atomic_write_bytes(self.manifest_path, dumps(manifest, pretty=True))
+            self._appended = (gen, ids, hashes)  # (the next load of this generation takes these lists)
         except BaseException:
             for path in written:
                 path.unlink(missing_ok=True)
