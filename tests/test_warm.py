@@ -64,3 +64,29 @@ def test_a_query_is_answered_while_a_long_write_runs(project):
     assert time.monotonic() - started < 5
     release.set()
     writer.join()
+
+
+def test_the_background_loop_outlives_an_unexpected_error_and_slows_down_when_nothing_comes(capsys):
+    from nubos_memory.interfaces.warm import catch_up_forever
+
+    class Flaky:
+        last_request = 0.0
+
+        def __init__(self):
+            self.calls = 0
+
+        def catch_up(self):
+            self.calls += 1
+            if self.calls == 1:
+                raise ValueError("a bug in derived work")
+            return 0
+
+    warm, stop = Flaky(), threading.Event()
+    loop = threading.Thread(target=catch_up_forever, args=(warm, stop, 0.01, 0.08))
+    loop.start()
+    time.sleep(0.6)
+    stop.set()
+    loop.join(timeout=5)
+    assert not loop.is_alive() and warm.calls >= 3  # it went on after the error
+    assert warm.calls < 0.6 / 0.01 / 2  # and looked less often while nothing came
+    assert "background indexing failed once: ValueError" in capsys.readouterr().err

@@ -74,6 +74,8 @@ def _check_index(index: Any, keymap_count: int, problems: list[dict[str, Any]]) 
             index_count = None if in_graph is None else in_graph + len(index) - index.base_rows  # + segments' rows
         except StoreError as exc:
             problems.append({"code": exc.code, "message": exc.message})
+        except FileNotFoundError:
+            pass  # a writer merged a newer generation meanwhile: this one's graph is gone, not damaged
     if index is not None and keymap_count:
         from ..index.vectors import usable
 

@@ -348,14 +348,16 @@ class VectorSync:
             side = self.side_weight(manifest, current, labels, {}) if manifest is not None and current is not None \
                 else None
             if side is not None:  # (made outside the lock: writes go on meanwhile)
-                return self.merge_segments(verb, 0, side_weight=side)
+                return self.merge_segments(verb, 0, side_weight=side, seen=(manifest or {}).get("side_weight"))
         return self.merge_segments(verb, merge_at)
 
-    def merge_segments(self, verb: str, at_least: int = 1, side_weight: dict[str, Any] | None = None) -> bool:
+    def merge_segments(self, verb: str, at_least: int = 1, side_weight: dict[str, Any] | None = None,
+                       seen: Any = None) -> bool:
         """Merge the current generation's segments (at least ``at_least`` of them) into a new base
         generation, if the write lock is free now (``store/cache.py``: what a write does when they pass
         their bound; memory-serve does it when idle), with ``side_weight`` when given (None: the
-        manifest's).  Nothing is embedded.  Returns whether it committed."""
+        manifest's; ``seen``: the manifest's estimate it replaces, else it does not).  Nothing is
+        embedded.  Returns whether it committed."""
         from ..store.base import segments_of
 
         if len(segments_of(self.store.read_manifest())) < at_least:
@@ -366,6 +368,8 @@ class VectorSync:
             manifest, current, _ = self.snap.vectors()  # as it is now, under the lock
             if manifest is None or current is None or len(segments_of(manifest)) < at_least:
                 return False
+            if side_weight is not None and manifest.get("side_weight") != seen:
+                return False  # another process committed an estimate meanwhile: not done twice
             keeps = isinstance(manifest.get("pieces"), dict)
             self.store.commit(ids=list(current.ids), hashes=list(current.hashes),
                               vectors=np.zeros((0, current.dim), dtype=np.float32),

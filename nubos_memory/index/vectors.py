@@ -354,6 +354,8 @@ class VectorIndex:
                 else file_sha256(path) == self.hnsw_sha256
         except OSError:
             ok = False
+        if not ok and not path.exists():  # a merge replaced this generation meanwhile: not damage
+            raise FileNotFoundError(str(path))
         if not ok:
             raise StoreError(f"the HNSW graph {self.hnsw_path.name} does not match the manifest; run memory-rebuild",
                              code=codes.INDEX_CORRUPT, details={"file": self.hnsw_path.name})

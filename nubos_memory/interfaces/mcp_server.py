@@ -686,17 +686,18 @@ def run_mcp(root: str | None) -> None:
     (a first call waits for it rather than loading it again)."""
     server, warm = build_server(root)
 
+    from .warm import catch_up_forever
+
+    stop = threading.Event()
+
     def warm_up() -> None:
         try:
             warm.warm_up()
         except Exception:  # noqa: BLE001 - a failed warm-up is answered per call instead
             pass
+        catch_up_forever(warm, stop)  # then the backlog and idle work, as memory-serve does them
 
     threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
-    from .warm import catch_up_forever
-
-    stop = threading.Event()  # (the backlog and idle work, as memory-serve does them: warm.catch_up)
-    threading.Thread(target=catch_up_forever, args=(warm, stop), name="catch-up", daemon=True).start()
     try:
         server.run("stdio")
     finally:

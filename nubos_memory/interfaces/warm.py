@@ -16,6 +16,7 @@ other processes wrote without vectors, a bounded slice at a time.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -46,6 +47,7 @@ class WarmMemory:
         self._stamp = self._config_stamp()
         self.loads = 0  # model loads (a warm process loads its model once)
         self._last_request = time.monotonic()
+        self._waiting = 0  # requests waiting for a lock (idle work does not start while one waits)
         self._idle_declined: Any = None  # the generation idle work last found nothing to do on (or failed on)
 
     @staticmethod
@@ -90,8 +92,10 @@ class WarmMemory:
         if self._config_stamp() != self._stamp:
             with self._write_lock, self._read_lock:
                 self._reopen_if_changed()
+        self._last_request = time.monotonic()  # (before the lock: idle work sees a request waiting)
+        self._waiting += 1
         with self._write_lock if writes else self._read_lock:
-            self._last_request = time.monotonic()
+            self._waiting -= 1
             try:
                 yield self._writer if writes else self._reader
             finally:
@@ -152,18 +156,37 @@ class WarmMemory:
         from ..store.base import MERGE_IDLE_SEGMENTS
 
         generation = (mem.store.read_manifest() or {}).get("generation")
-        if generation is None or generation == self._idle_declined:
+        if generation is None or generation == self._idle_declined or self._waiting:
             return
         try:
             done = mem.vectors.idle("memory-serve", MERGE_IDLE_SEGMENTS)
-        except (NubosMemoryError, OSError):
+        except Exception:  # noqa: BLE001 - derived work: whatever failed is not tried again on this generation
             done = False
         if not done:
             self._idle_declined = generation
 
+    @property
+    def last_request(self) -> float:
+        """When the last request came or went (``time.monotonic``)."""
+        return self._last_request
 
-def catch_up_forever(warm: WarmMemory, stop: threading.Event, idle: float = 0.5) -> None:
-    """A background loop: whenever there is a backlog, work it off a slice at a time."""
-    while not stop.wait(idle):
-        while not stop.is_set() and warm.catch_up() > 0:
-            time.sleep(0.05)  # let a waiting request take the lock between slices
+
+def catch_up_forever(warm: WarmMemory, stop: threading.Event, idle: float = 0.5, longest: float = 8.0) -> None:
+    """A background loop: whenever there is a backlog, work it off a slice at a time.  While nothing
+    comes and nothing is behind it looks less and less often (up to ``longest`` seconds: a team
+    database is asked on every look); an unexpected error is written to stderr once, never ends it."""
+    wait, seen, told = idle, warm.last_request, False
+    while not stop.wait(wait):
+        try:
+            behind = warm.catch_up()
+            while not stop.is_set() and behind > 0:
+                time.sleep(0.05)  # let a waiting request take the lock between slices
+                behind = warm.catch_up()
+        except Exception as exc:  # noqa: BLE001 - the loop outlives any one failure
+            behind = 0
+            if not told:
+                sys.stderr.write(f"nubos-memory: background indexing failed once: {type(exc).__name__}: {exc}\n")
+                told = True
+        busy = warm.last_request != seen or behind != 0
+        seen = warm.last_request
+        wait = idle if busy else min(wait * 2, longest)

@@ -11,7 +11,7 @@ A generation is three files written once and never modified::
     questions-<gen>.npy   float32 (q, dim), HyPE's question vectors (labels: "question_owner", and
                           per label what they were made from: "question_keys"); none without HyPE
 
-A generation may also have **segments** (adr/0021): a write that appends a few rows to a large
+A generation may also have **segments** (adr/0021): a write that appends a few rows to a
 generation writes only those rows, as one small immutable segment, and commits a manifest that names
 the base's files (unchanged) plus the segments so far, instead of copying every row and the graph::
 
@@ -20,9 +20,10 @@ the base's files (unchanged) plus the segments so far, instead of copying every 
     segment-<id>.pieces.npy    its records' piece vectors, when any has several
 
 The graph covers the base's rows; a search scans the segments' rows exactly beside it.  When the
-segments would pass ``MAX_SEGMENTS`` or ``MAX_TAIL_ROWS`` rows, the write merges them (a full
-generation, as before segments), as do ``memory-rebuild`` (the canonical form: never segments),
-``memory-compact`` and ``memory-serve`` when idle (``MERGE_IDLE_SEGMENTS``).
+segments would pass ``MAX_SEGMENTS``, or ``MAX_TAIL_ROWS`` rows (beside a base of at most
+``EXACT_LIMIT`` rows: that many), the write merges them (a full generation, as before segments), as
+do ``memory-rebuild`` (the canonical form: never segments), ``memory-compact`` and the servers
+(memory-serve, -http, -mcp) when idle (``MERGE_IDLE_SEGMENTS``).
 
 ``manifest.json`` names the current generation and is the commit point: a
 writer (holding the lock) writes and fsyncs a new generation, swaps the
@@ -587,7 +588,8 @@ class DerivedCache:
     def _fits_segment(base: VectorIndex | None, previous: Manifest | None, rows: int, pieces: Pieces | None,
                       questions: Questions | None) -> bool:
         """Whether an append of ``rows`` rows goes into one more segment (not a merge): to a generation
-        read from its files, with HyPE's questions unchanged, within ``MAX_SEGMENTS`` and ``MAX_TAIL_ROWS``."""
+        read from its files, with HyPE's questions unchanged, within ``MAX_SEGMENTS`` and at most
+        ``MAX_TAIL_ROWS`` rows, or the larger of the base's rows and ``EXACT_LIMIT`` if fewer."""
         if base is None or previous is None or not rows or base.vectors_path is None or not previous.get("files"):
             return False
         if questions is not base.questions or (pieces is None) != (not isinstance(previous.get("pieces"), dict)):

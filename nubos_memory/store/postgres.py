@@ -219,7 +219,7 @@ class PgStore(LocalDerivedState):
                              "NUBOS_MEMORY_CACHE to a folder only you can write", code=codes.STORE_CACHE_UNAVAILABLE)
         self.folder = cache / "postgres" / f"{self.namespace[:40]}-{key}"
         self.cache = DerivedCache(self.folder, graph=False)  # candidates come from pgvector
-        self.lexcache = LexicalCache(self.folder, self._digest)
+        self.lexcache = LexicalCache(self.folder, self._digest, self.cache.verified)
         self._epoch: int | None = None  # of the log as last read
         self.usage = PgUsage(self)
         self._ns_key = hashlib.sha256(self.namespace.encode()).hexdigest()[:12]

@@ -261,7 +261,7 @@ class WorktreeStore(FileStore):
 
     def __init__(self, project: "Project", lock_timeout: float):
         super().__init__(project, lock_timeout)
-        self.lexcache = LexicalCache(self.folder, self._digest)
+        self.lexcache = LexicalCache(self.folder, self._digest, self.cache.verified)
         self._others_digest = ""  # identifies the other logs' bytes in the last full read
         self._held = 0  # the write lock is held: the other logs are not looked at
         self._retired: dict[str, tuple[str, dict[str, Any]]] = {}  # id -> (folder, its forget) in other logs
