@@ -395,23 +395,23 @@ class DerivedCache:
         if not segments:
             return index
         n = len(index)
-        ids, hashes = (list(index.ids), list(index.hashes)) if given is None else ([], [])
-        label_of = index.label_of
+        ids: list[str] = []
+        hashes: list[str] = []
         tails = [index.tail] if index.tail is not None else []
         piece_parts = [index.tail_pieces] if index.tail_pieces is not None else []
-        for seg in segments:
-            seg_ids, seg_hashes, rows, pieces = self._segment(seg, n, dim)
-            label_of.update((rid, n + i) for i, rid in enumerate(seg_ids))
-            n += len(seg_ids)
+        for seg in segments:  # every segment read and checked before anything shared is changed
+            seg_ids, seg_hashes, rows, pieces = self._segment(seg, n + len(ids), dim)
             ids += seg_ids
             hashes += seg_hashes
             tails.append(rows)
             if pieces is not None and len(pieces):
                 piece_parts.append(pieces)
-        if given is not None:  # the lists the commit was given end with exactly these rows
-            if given[0][len(index):] != ids or given[1][len(index):] != hashes:
-                raise StoreError("keymap is corrupt; run memory-rebuild", code=codes.KEYMAP_CORRUPT)
-            ids, hashes = given
+        label_of = index.label_of
+        label_of.update((rid, n + i) for i, rid in enumerate(ids))
+        if given is not None and given[0][n:] == ids and given[1][n:] == hashes:
+            ids, hashes = given  # the lists the commit was given end with exactly these rows: no copy
+        else:
+            ids, hashes = index.ids + ids, index.hashes + hashes
         tail = np.concatenate(tails) if len(tails) > 1 else tails[0]
         tail_pieces = None
         if keeps and piece_parts:
