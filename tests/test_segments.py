@@ -282,3 +282,16 @@ def test_idle_work_that_found_nothing_waits_for_a_new_generation(project: Path, 
         mem.add(_records(1, 77)[0], force=True)
     warm.catch_up(quiet_s=0)
     assert len(calls) == 2
+
+
+def test_a_graph_deleted_by_hand_is_named_and_rebuild_repairs_it(project: Path, small_limits: None):
+    mem = Memory.open(project)
+    mem.index(_records(60))
+    mem.add(_records(1, 990)[0], force=True)  # a segment beside the base
+    (memory_dir(project) / _manifest(project)["files"]["index"]["name"]).unlink()
+    fresh = Memory.open(project)
+    assert codes.INDEX_MISSING in {p["code"] for p in fresh.stats()["consistency"]["problems"]}
+    res = fresh.query(_records(60)[7]["title"], k=3)
+    assert res["degraded"]["code"] == codes.INDEX_MISSING and res["hits"]  # answered by keywords meanwhile
+    assert Memory.open(project).rebuild()["rebuilt"]
+    assert Memory.open(project).stats()["consistency"]["consistent"]

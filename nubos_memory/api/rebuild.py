@@ -59,7 +59,7 @@ class Rebuild:
         from before pieces (``index/vectors.py``),
         another model, or a broken generation: whatever is broken is replaced, on explicit request)."""
         try:
-            manifest, current = self.store.load_current()
+            manifest, current, _ = self.snap.vectors()  # (the snapshot's: one loader per cache)
         except StoreError:
             return {}, None
         if (reembed or manifest is None or current is None or current.pieces is None

@@ -74,8 +74,11 @@ def _check_index(index: Any, keymap_count: int, problems: list[dict[str, Any]]) 
             index_count = None if in_graph is None else in_graph + len(index) - index.base_rows  # + segments' rows
         except StoreError as exc:
             problems.append({"code": exc.code, "message": exc.message})
-        except FileNotFoundError:
-            pass  # a writer merged a newer generation meanwhile: this one's graph is gone, not damaged
+        except FileNotFoundError:  # deleted by hand, or a writer merged a newer generation meanwhile
+            problems.append({"code": codes.INDEX_MISSING,
+                             "message": f"the HNSW graph {index.hnsw_path.name} is gone: if a write merged the "
+                                        "generation meanwhile, memory-stats again shows the new one; else run "
+                                        "memory-rebuild (queries scan the vectors exactly meanwhile)"})
     if index is not None and keymap_count:
         from ..index.vectors import usable
 

@@ -338,18 +338,19 @@ class VectorSync:
                               questions=Questions(Pieces.of_labels(by_label, dim), keep))
             state.manifest, state.index, state.labels = self.snap.vectors()
 
-    def idle(self, verb: str, merge_at: int) -> bool:
+    def idle(self, verb: str, merge_at: int, waiting: Callable[[], bool] = lambda: False) -> bool:
         """What a long-lived process does when no request waits (``memory-serve``): a side-weight estimate
         that is due (the writes it serves left it to now: ``defer_side_weight``), committed with the
         current rows, which also merges their segments; else a merge once there are ``merge_at``
-        segments.  Returns whether it committed."""
+        segments.  ``waiting``: whether a request now waits (then nothing more is started).  Returns whether
+        it committed."""
         if self.config.side_weights == "auto" and not self.snap.unsigned:
             manifest, current, labels = self.snap.vectors()
             side = self.side_weight(manifest, current, labels, {}) if manifest is not None and current is not None \
                 else None
-            if side is not None:  # (made outside the lock: writes go on meanwhile)
+            if side is not None and not waiting():  # (made outside the store's lock: other processes write)
                 return self.merge_segments(verb, 0, side_weight=side, seen=(manifest or {}).get("side_weight"))
-        return self.merge_segments(verb, merge_at)
+        return False if waiting() else self.merge_segments(verb, merge_at)
 
     def merge_segments(self, verb: str, at_least: int = 1, side_weight: dict[str, Any] | None = None,
                        seen: Any = None) -> bool:

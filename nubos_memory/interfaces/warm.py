@@ -48,6 +48,7 @@ class WarmMemory:
         self.loads = 0  # model loads (a warm process loads its model once)
         self._last_request = time.monotonic()
         self._waiting = 0  # requests waiting for a lock (idle work does not start while one waits)
+        self._count = threading.Lock()  # (guards ``_waiting``)
         self._idle_declined: Any = None  # the generation idle work last found nothing to do on (or failed on)
 
     @staticmethod
@@ -89,17 +90,23 @@ class WarmMemory:
     @contextmanager
     def use(self, writes: bool) -> Iterator["Memory"]:
         """The memory for one request, held for it alone: the writer for a write, else the reader."""
-        if self._config_stamp() != self._stamp:
-            with self._write_lock, self._read_lock:
-                self._reopen_if_changed()
-        self._last_request = time.monotonic()  # (before the lock: idle work sees a request waiting)
-        self._waiting += 1
-        with self._write_lock if writes else self._read_lock:
-            self._waiting -= 1
-            try:
-                yield self._writer if writes else self._reader
-            finally:
-                self._last_request = time.monotonic()
+        self._last_request = time.monotonic()  # (before any lock: idle work sees a request waiting)
+        lock = self._write_lock if writes else self._read_lock
+        with self._count:
+            self._waiting += 1
+        try:
+            if self._config_stamp() != self._stamp:
+                with self._write_lock, self._read_lock:
+                    self._reopen_if_changed()
+            lock.acquire()
+        finally:
+            with self._count:
+                self._waiting -= 1
+        try:
+            yield self._writer if writes else self._reader
+        finally:
+            self._last_request = time.monotonic()
+            lock.release()
 
     def get(self) -> "Memory":
         """The writer, reopened first if the project config changed (single-threaded callers)."""
@@ -159,7 +166,7 @@ class WarmMemory:
         if generation is None or generation == self._idle_declined or self._waiting:
             return
         try:
-            done = mem.vectors.idle("memory-serve", MERGE_IDLE_SEGMENTS)
+            done = mem.vectors.idle("memory-serve", MERGE_IDLE_SEGMENTS, lambda: self._waiting > 0)
         except Exception:  # noqa: BLE001 - derived work: whatever failed is not tried again on this generation
             done = False
         if not done:
@@ -171,7 +178,7 @@ class WarmMemory:
         return self._last_request
 
 
-def catch_up_forever(warm: WarmMemory, stop: threading.Event, idle: float = 0.5, longest: float = 8.0) -> None:
+def catch_up_forever(warm: WarmMemory, stop: threading.Event, idle: float = 0.5, longest: float = 4.0) -> None:
     """A background loop: whenever there is a backlog, work it off a slice at a time.  While nothing
     comes and nothing is behind it looks less and less often (up to ``longest`` seconds: a team
     database is asked on every look); an unexpected error is written to stderr once, never ends it."""

@@ -143,7 +143,9 @@ class Store(Protocol):
         ``side_weight``: z fusion's per-memory weight (``search/sideweight.py``), written into the
         manifest; None keeps ``previous``'s.  ``pieces``: the piece vectors of the several-piece
         records among the rows given (``index/vectors.py``; None: a generation without them).
-        ``questions``: every HyPE question vector the new generation keeps (None: none)."""
+        ``questions``: every HyPE question vector the new generation keeps (None: none).  ``ids`` and
+        ``hashes`` become the store's: it may keep them as the next generation's own (``cache.py``), so the
+        caller passes lists it does not change afterwards."""
         ...
 
     def shared_vectors(self, fingerprint: str, keys: list[str]) -> "dict[str, np.ndarray]":

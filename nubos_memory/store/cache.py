@@ -578,7 +578,12 @@ class DerivedCache:
         """The new generation's graph: base's extended by ``vectors`` (the rows after its base files'),
         else one over every row."""
         if base is not None and base.hnsw_path is not None:
-            base.verify_graph()  # hnswlib trusts what it reads: only the graph the manifest names
+            try:
+                base.verify_graph()  # hnswlib trusts what it reads: only the graph the manifest names
+            except FileNotFoundError:
+                raise StoreError(f"the HNSW graph {base.hnsw_path.name} the manifest names is missing; run "
+                                 "memory-rebuild", code=codes.INDEX_MISSING,
+                                 details={"file": base.hnsw_path.name}) from None
             return build_hnsw(vectors, params, base=load_hnsw(base.hnsw_path, base.dim, capacity=count))
         if base is not None:  # no graph to extend (no signing key): one over every row
             return build_hnsw(np.concatenate([np.asarray(base.base, dtype=np.float32), vectors]), params)
