@@ -97,13 +97,24 @@ def write_log(root: Path, n: int) -> None:
             f.write(json.dumps({"op": "commit", "gid": f"{start:012x}"}, separators=(",", ":")) + "\n")
 
 
-def cli(root: Path, argv: list[str], env: dict[str, str] | None = None) -> float:
+def build(root: Path, n: int) -> float:
+    """A memory of ``n`` synthetic notes at ``root`` (the log, then ``memory-rebuild``); seconds it took."""
+    write_log(root, n)
     t = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "nubos_memory", *argv, "--root", str(root)], env=env or ENV,
+    subprocess.run([sys.executable, "-m", "nubos_memory", "memory-rebuild", "--root", str(root)], env=ENV,
+                   check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def cli(root: Path, argv: list[str], env: dict[str, str] | None = None, code: Path = REPO) -> float:
+    """Milliseconds of one ``python -m nubos_memory`` call (``code``: the checkout that runs it)."""
+    env = {**(env or ENV), "PYTHONPATH": str(code)}
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "nubos_memory", *argv, "--root", str(root)], env=env, cwd=str(code),
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
     took = time.perf_counter() - t
     if done.returncode != 0:
-        raise SystemExit(f"{argv[0]} failed: {done.stderr.decode()[:500]}")
+        raise SystemExit(f"{argv[0]} failed in {code}: {done.stderr.decode()[:500]}")
     return took * 1000
 
 
@@ -162,11 +173,7 @@ def main() -> None:
         for n in sizes:
             root = (args.memories / str(n)) if args.memories else scratch / str(n)
             if not (root / ".nubos-pilot" / "memory" / "manifest.json").exists():
-                write_log(root, n)
-                t = time.perf_counter()
-                subprocess.run([sys.executable, "-m", "nubos_memory", "memory-rebuild", "--root", str(root)], env=ENV,
-                               check=True, stdout=subprocess.DEVNULL)
-                results.setdefault("rebuild_s", {})[str(n)] = time.perf_counter() - t
+                results.setdefault("rebuild_s", {})[str(n)] = build(root, n)
             results["sizes"][str(n)] = one_size(root, args.runs)
             print(n, json.dumps(results["sizes"][str(n)]), flush=True)
     finally:

@@ -81,15 +81,14 @@ def test_a_verified_json_this_user_did_not_sign_is_ignored(tmp_path: Path, fast_
 
 def test_a_memory_hashes_its_vectors_once_across_processes(project: Path, fast_settle: None,
                                                            monkeypatch: pytest.MonkeyPatch):
-    from nubos_memory.store import cache
 
     Memory.open(project).index([rec(f"note {i}", f"body {i}") for i in range(20)])
     manifest = json.loads((memory_dir(project) / "manifest.json").read_text())
     vectors = memory_dir(project) / manifest["files"]["vectors"]["name"]
     _settled(vectors)
     hashed: list[str] = []
-    real = cache.file_sha256
-    monkeypatch.setattr(cache, "file_sha256", lambda p, *a: hashed.append(Path(p).name) or real(p, *a))
+    real = verified_module.file_sha256  # (where a derived file is hashed when its check is not known)
+    monkeypatch.setattr(verified_module, "file_sha256", lambda p, *a: hashed.append(Path(p).name) or real(p, *a))
     for _ in range(3):
         assert Memory.open(project).query("note 3", k=3)["degraded"] is None
     assert hashed.count(vectors.name) == 1

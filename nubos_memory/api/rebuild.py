@@ -65,7 +65,7 @@ class Rebuild:
         if (reembed or manifest is None or current is None or current.pieces is None
                 or (manifest.get("embedding") or {}).get("fingerprint") != ours["fingerprint"]):
             return {}, current  # (a generation from before pieces: its long records' pieces are missing)
-        good = usable(current.vectors)  # a bad row (NaN, zero) an older version stored is embedded again
+        good = current.usable_rows()  # a bad row (NaN, zero) an older version stored is embedded again
         return {h: i for i, h in enumerate(current.hashes) if good[i]}, current
 
     def rows(self, scan: "LogScan", ours: "Embedding", reembed: bool, progress: Reporter | None
@@ -89,7 +89,7 @@ class Rebuild:
             vectors[list(dst)] = fresh[list(src)]
         if rows_reused and current is not None:
             dst, src = zip(*rows_reused)
-            vectors[list(dst)] = current.vectors[list(src)]
+            vectors[list(dst)] = current.gather(np.asarray(src))
         pieces = {row: parts[i] for row, i in rows_fresh if i in parts}
         if current is not None and current.has_pieces():
             pieces.update((row, current.piece_rows(label)) for row, label in rows_reused)

@@ -80,9 +80,7 @@ def _check_index(index: Any, keymap_count: int, problems: list[dict[str, Any]]) 
                                         "generation meanwhile, memory-stats again shows the new one; else run "
                                         "memory-rebuild (queries scan the vectors exactly meanwhile)"})
     if index is not None and keymap_count:
-        from ..index.vectors import usable
-
-        bad = sum(int((~usable(rows)).sum()) for rows in (index.base, index.tail) if rows is not None)
+        bad = int((~index.usable_rows()).sum())
         if bad:
             problems.append({"code": codes.VECTORS_INVALID, "count": bad,
                              "message": f"{bad} stored vector(s) are non-finite or zero (written by an older version "

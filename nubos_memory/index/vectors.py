@@ -284,6 +284,11 @@ class VectorIndex:
         out[~inside] = self.tail[labels[~inside] - n0]
         return out
 
+    def usable_rows(self) -> np.ndarray:
+        """Which rows are usable vectors (:func:`usable`), checked part by part (no joined copy)."""
+        parts = [usable(rows) for rows in (self.base, self.tail) if rows is not None]
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
     def scores(self, query: np.ndarray) -> np.ndarray:
         """Every row's cosine with ``query`` (one pass over the base rows, one over the segments')."""
         base = np.asarray(self.base @ query, dtype=np.float32)

@@ -441,7 +441,7 @@ class DerivedCache:
     def _checked(self, path: Path, sha256: Any) -> bool:
         """Whether a derived file holds the bytes of this sha256 (known from an earlier check of the
         unchanged file, else hashed: ``verified.py``)."""
-        return self.verified.check(path, sha256, lambda: file_sha256(path))
+        return self.verified.check(path, sha256)
 
     def _rows(self, paths: dict[str, Path], files: dict[str, Any], key: str, shape: tuple[int, Any],
               ours: bool) -> np.ndarray:
@@ -529,10 +529,9 @@ class DerivedCache:
             graph = None
             pieces = joined_pieces(base, pieces)
             added = np.ascontiguousarray(vectors, dtype=np.float32)
-            if base is not None and base.tail is not None:  # a merge: the segments' rows join the base's
-                vectors = np.concatenate([base.tail, added])
+            # (a merge: the segments' rows join the base's)
+            vectors = np.concatenate([base.tail, added]) if base is not None and base.tail is not None else added
             if count:
-                vectors = np.ascontiguousarray(vectors, dtype=np.float32)
                 index_path = self.folder / names["index"]
                 graph = self._graph(base, vectors, params, count) if self.graph else None
                 if graph is not None:
@@ -617,21 +616,8 @@ class DerivedCache:
         if pieces is not None and len(pieces) and (pieces.owner.min() < start or pieces.owner.max() >= len(ids)):
             raise StoreError("pieces of rows that are not appended", code=codes.VECTORS_CORRUPT)
         written: list[Path] = []
-        try:
-            keymap_path = self.folder / names["keymap"]
-            written.append(keymap_path)
-            owner = [] if pieces is None else pieces.owner.tolist()
-            keymap = dumps({"format": CACHE_FORMAT, "ids": ids[start:], "hashes": hashes[start:], "piece_owner": owner})
-            with _create(keymap_path) as f:
-                f.write(keymap)
-            digests = {"keymap": hashlib.sha256(keymap).hexdigest()}
-            paths = [("keymap", keymap_path)]
-            for key, rows in (("vectors", vectors), ("pieces", pieces.vectors if pieces is not None else None)):
-                if rows is not None and len(rows):
-                    path = self.folder / names[key]
-                    written.append(path)
-                    digests[key] = _write_vectors(path, rows, None)
-                    paths.append((key, path))
+        try:  # (written as a generation's own files are: keymap, vectors, pieces)
+            digests, paths = self._write_rows(names, written, ids[start:], hashes[start:], vectors, None, pieces, None)
             files = self._durable(paths, digests, "segment-files-written")
             n_pieces = len(pieces) if pieces is not None else 0
             segment = {"id": gen, "rows": len(vectors), "pieces": n_pieces, "files": files}

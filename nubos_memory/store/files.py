@@ -83,11 +83,10 @@ class FileStore(LocalDerivedState):
     def __init__(self, project: "Project", lock_timeout: float):
         self.project = project
         self.folder = project.memory_dir
-        self.log = RecordLog(self.folder / RECORDS, checkpoint=True)
-        self.cache = DerivedCache(self.folder)
+        self.cache = DerivedCache(self.folder)  # (its record of checked files serves the folder's readers)
+        self.log = RecordLog(self.folder / RECORDS, checkpoint=True, verified=self.cache.verified)
         self.lexcache = LexicalCache(self.folder, lambda offset: file_sha256(self.folder / RECORDS, offset),
                                      self.cache.verified)
-        self.log.verified = self.cache.verified  # one record of checked files for the folder
         self.usage = Usage(self.folder)
         self.write_lock = WriteLock(self.folder, lock_timeout)
         self._guarded = (project.state_dir, self.folder, project.config_path,

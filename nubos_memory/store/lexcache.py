@@ -25,7 +25,7 @@ from ..faults import crash_point
 from ..fsio import atomic_write_bytes, dumps, loads, read_regular
 from ..index.lexical import PostingsBM25
 from ..tokenize import TOKENIZER_VERSION
-from ..trust import available, file_sha256, sign, verify
+from ..trust import available, sign, verify
 from .verified import Verified
 
 MANIFEST = "lexical.json"
@@ -86,7 +86,7 @@ class LexicalCache:
                 return None
             name = Path(str(meta["file"])).name
             path = self.folder / name
-            if path.is_symlink() or not self.verified.check(path, meta.get("npz_sha256"), lambda: file_sha256(path)):
+            if path.is_symlink() or not self.verified.check(path, meta.get("npz_sha256")):
                 return None
             arrays = mapped_members(path)
             vocab = bytes(arrays.pop("vocab")).decode("utf-8")

@@ -39,11 +39,12 @@ class FileCursor:
 class RecordLog:
     """Reads and appends ``records.jsonl``; appends must happen under the write lock."""
 
-    def __init__(self, path: Path, *, checkpoint: bool = False):
+    def __init__(self, path: Path, *, checkpoint: bool = False, verified: Verified | None = None):
         self.path = path
         # the state kept beside the log for new processes (``checkpoint.py``; the store's own log only)
         self.checkpoint = path.with_name(checkpoints.NAME) if checkpoint else None
-        self.verified = Verified(path.parent) if checkpoint else None  # (the checkpoint's payload, checked once)
+        # where the checkpoint payload's check is remembered (the folder's record of checked files)
+        self.verified = (verified or Verified(path.parent)) if checkpoint else None
         self.save_due: LogScan | None = None  # a state worth a new checkpoint (the store saves it under the lock)
 
     def scan(self) -> LogScan:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, loads, read_regular
-from ..trust import available, sign, verify
+from ..trust import available, file_sha256, sign, verify
 
 NAME = "verified.json"
 FORMAT = 1
@@ -59,10 +59,16 @@ class Verified:
             self._entries = self._read()
         return self._entries
 
-    def check(self, path: Path, sha256: Any, digest: Callable[[], str], st: os.stat_result | None = None) -> bool:
+    def check(self, path: Path, sha256: Any, digest: Callable[[], str] | None = None,
+              st: os.stat_result | None = None) -> bool:
         """Whether ``path`` holds the bytes whose sha256 is ``sha256``: known from an earlier check of
-        the same file, else ``digest()`` (the file's sha256, computed) is compared and remembered.
-        ``st``: the file's stat taken through the descriptor ``digest`` reads (else the path's, now)."""
+        the same file, else ``digest()`` (the sha256 of what the caller read; None: the file's, hashed
+        here) is compared and remembered.  ``st``: the file's stat taken through the descriptor
+        ``digest`` reads (else the path's, now)."""
+        if digest is None:
+            def digest() -> str:
+                return file_sha256(path)
+
         if not isinstance(sha256, str) or not available():
             return isinstance(sha256, str) and digest() == sha256
         try:
