@@ -1,3 +1,3 @@
-from .interfaces.cli import main
+from .interfaces.entry import main
 
 raise SystemExit(main())

@@ -1,8 +1,8 @@
 """Project discovery and the ``memory`` section of ``.nubos-pilot/config.json``.
 
-The project root is ``--root``, else ``$NUBOS_PILOT_ROOT``, else the nearest
-folder upward from the working directory that contains ``.nubos-pilot/``,
-else the working directory itself (where memory is then simply disabled).
+The project root is found by ``roots.find_root`` (re-exported here): ``--root``, else
+``$NUBOS_PILOT_ROOT``, else the nearest folder upward from the working directory that contains
+``.nubos-pilot/``, else the working directory itself (where memory is then simply disabled).
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ from .limits import (
     SIDE_WEIGHTS,
     WORKTREES,
 )
+from .roots import MEMORY_DIR as MEMORY_DIR  # (re-exported: declared there, light, for the CLI's client)
+from .roots import ROOT_ENV as ROOT_ENV
+from .roots import STATE_DIR as STATE_DIR
+from .roots import find_root as find_root
 
-STATE_DIR = ".nubos-pilot"
 CONFIG_FILE = "config.json"
-MEMORY_DIR = "memory"
-ROOT_ENV = "NUBOS_PILOT_ROOT"
 
 
 
@@ -434,29 +435,6 @@ class Project:
     @property
     def memory_dir(self) -> Path:
         return self.state_dir / MEMORY_DIR
-
-
-def find_root(explicit: str | os.PathLike[str] | None = None, cwd: Path | None = None) -> Path:
-    """Resolve the project root (see module docstring)."""
-    given = explicit if explicit is not None else os.environ.get(ROOT_ENV) or None
-    if given is not None:
-        root = Path(given).expanduser()
-        try:
-            found = root.is_dir()
-        except OSError:  # a name too long, a loop: not a folder we can use
-            found = False
-        if not found:
-            raise ConfigError(
-                f"project root {str(root)[:200]!r} is not a folder",
-                code=codes.PROJECT_NOT_FOUND,
-                details={"root": str(root)},
-            )
-        return root.resolve()
-    start = (cwd or Path.cwd()).resolve()
-    for folder in (start, *start.parents):
-        if (folder / STATE_DIR).is_dir():
-            return folder
-    return start
 
 
 def read_config_file(path: Path) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ FILE_MODE = 0o600
 DIR_MODE = 0o700
 
 
-def loads_bulk(data: bytes) -> Any:
+def loads_bulk(data: bytes | memoryview) -> Any:
     """Parse a large JSON document (a log checkpoint, a keymap: a million objects) with the cyclic
     garbage collector paused: it would otherwise walk the objects being built again and again
     (a third of the parse at 100k records).  Nothing made here forms a cycle."""

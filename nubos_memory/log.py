@@ -88,6 +88,7 @@ from typing import Any, cast
 from . import codes
 from .fsio import JSONDecodeError, dumps, loads
 from .limits import MAX_QUESTIONS, MAX_REASON
+from .recordlist import RecordList
 from .records import content_hash, embed_text, now_iso, read_record, valid_anchors
 from .types import Problem, Record
 
@@ -105,7 +106,7 @@ class LogScan:
     """The state of a log: what its lines, applied in order, amount to.  :func:`feed` extends it with
     the lines that follow; each store keeps its own note of where it read (``cursor``)."""
 
-    records: list[Record] = field(default_factory=list)  # every accepted record line, dead ones too
+    records: RecordList = field(default_factory=RecordList)  # every accepted record line, dead ones too
     corrupt: list[dict[str, Any]] = field(default_factory=list)
     duplicates: list[dict[str, Any]] = field(default_factory=list)
     damaged_groups: list[dict[str, Any]] = field(default_factory=list)  # applied line by line, see docstring
@@ -614,14 +615,23 @@ def read(data: bytes) -> LogScan:
 _NOT_KEPT = ("cursor", "generation", "partial_tail")
 _INT_KEYS = ("dead", "questions")  # dicts keyed by record position: kept as [position, value] pairs
 _INT_SETS = ("hot", "redaction_checked")
+_BESIDE = ("records", "position")  # kept beside the document by ``kept_state`` (position: from the ids)
 
 
 def state_doc(scan: LogScan) -> dict[str, Any]:
-    """The state the applied lines amount to, as a JSON document (a store may keep it so that a new
-    process need not read the whole log again: ``store/checkpoint.py``); :func:`from_state_doc` inverts it."""
+    """The state the applied lines amount to, as one JSON document (what two states are compared by)."""
+    doc = kept_state(scan)[0]
+    doc["records"], doc["position"] = list(scan.records), scan.position
+    return doc
+
+
+def kept_state(scan: LogScan) -> tuple[dict[str, Any], bytes, list[int], dict[str, list[Any]]]:
+    """The state the applied lines amount to, as a store may keep it so that a new process need not read
+    the whole log again (``store/checkpoint.py``): a JSON document of everything but the records, and the
+    records as ``RecordList.encode`` gives them (blob, offsets, columns).  :func:`from_kept_state` inverts it."""
     doc: dict[str, Any] = {}
     for f in fields(LogScan):
-        if f.name in _NOT_KEPT:
+        if f.name in _NOT_KEPT or f.name in _BESIDE:
             continue
         value = getattr(scan, f.name)
         if f.name in _INT_KEYS:
@@ -632,14 +642,14 @@ def state_doc(scan: LogScan) -> dict[str, Any]:
             value = {rid: {**info, "hashes": sorted(info["hashes"])} for rid, info in value.items()}
         doc[f.name] = value
     doc["size"] = scan.applied  # what follows is read again
-    return doc
+    return (doc, *scan.records.encode())
 
 
-def from_state_doc(doc: dict[str, Any]) -> LogScan:
-    """The state :func:`state_doc` wrote (KeyError/TypeError/ValueError: not one)."""
+def from_kept_state(doc: dict[str, Any], records: RecordList) -> LogScan:
+    """The state :func:`kept_state` wrote, its records in ``records`` (KeyError/TypeError/ValueError: not one)."""
     kept: dict[str, Any] = {}
     for f in fields(LogScan):
-        if f.name in _NOT_KEPT:
+        if f.name in _NOT_KEPT or f.name in _BESIDE:
             continue
         value = doc[f.name]
         if f.name in _INT_KEYS:
@@ -649,8 +659,9 @@ def from_state_doc(doc: dict[str, Any]) -> LogScan:
         elif f.name == "redacted":
             value = {rid: {**info, "hashes": set(info["hashes"])} for rid, info in value.items()}
         kept[f.name] = value
-    scan = LogScan(**kept)
-    if not (isinstance(scan.records, list) and isinstance(scan.applied, int) and len(scan.line_of) == len(scan.records)
+    # an id's latest position (a record line is applied only when its id is new or retired)
+    scan = LogScan(records=records, position=dict(zip(records.values("id"), range(len(records)))), **kept)
+    if not (isinstance(scan.applied, int) and len(scan.line_of) == len(scan.records)
             and isinstance(scan.content_hashes, list) and len(scan.content_hashes) <= len(scan.records)):
         raise ValueError("not a log state")
     return scan

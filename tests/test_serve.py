@@ -226,3 +226,94 @@ def test_progress_of_a_forwarded_long_verb_comes_through_the_server(served):
     stages = [json.loads(line)["progress"]["stage"] for line in r.err.splitlines()]
     assert "embedding" in stages and "indexing" in stages
     assert stop(proc)["served"] == 1  # it was the server that did it
+
+
+# -- a command line handed over as typed (issue 27: a served call within 3x of starting Python) --------------
+LIGHT_PROBE = ("import io, json, sys, contextlib; from nubos_memory.interfaces import entry; out = io.StringIO()\n"
+               "with contextlib.redirect_stdout(out): code = entry.main(sys.argv[1:])\n"
+               "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'orjson', 'hnswlib', 'torch')"
+               " or m in ('nubos_memory.interfaces.cli', 'nubos_memory.config', 'nubos_memory.params', 'argparse'))\n"
+               "print(json.dumps({'code': code, 'heavy': heavy, 'out': out.getvalue()}))")
+
+
+def light_call(*argv: str) -> dict:
+    res = subprocess.run([sys.executable, "-c", LIGHT_PROBE, *argv], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_a_command_line_is_answered_by_the_server_before_the_cli_is_imported(served):
+    root, proc = served
+    for argv in (["memory-query", "--root", str(root), "jwt", "--explain"], ["memory-stats", "--root", str(root)],
+                 ["memory-query", "--root", str(root), "webhooks", "--format", "md"]):
+        doc = light_call(*argv)
+        cold = in_process(*argv)
+        assert doc["heavy"] == [] and (doc["code"], doc["out"]) == (cold.code, cold.out), argv
+    bad = run_sub(["memory-query", "--root", str(root), "--k", "many", "x"])  # a usage error, said by the server
+    cold = in_process("memory-query", "--root", str(root), "--k", "many", "x")
+    assert bad.code == cold.code == 2 and bad.err == cold.err and bad.error["code"] == "usage"
+    assert stop(proc)["served"] == 4
+
+
+def test_what_the_server_must_not_run_for_a_command_line_the_cli_runs(served, tmp_path):
+    root, proc = served
+    helped = run_sub(["memory-query", "--root", str(root), "--help"])  # argparse prints it and exits
+    assert helped.code == 0 and helped.out.startswith("usage: np-tools memory-query")
+    # the body from this process's standard input (the CLI reads it, then hands the request over)
+    add = run_sub(["memory-add", "--root", str(root), "--type", "learning", "--title", "from stdin"],
+                  stdin="stdin body for the server")
+    # a file named relative to this process's working directory, not the server's
+    (tmp_path / "note.txt").write_text("a body from a relative file")
+    rel = run_sub(["memory-add", "--root", os.path.relpath(root, tmp_path), "--type", "learning",
+                   "--title", "from a file", "--body-file", "note.txt"], cwd=tmp_path)
+    assert add.code == 0 and rel.code == 0, (add.err, rel.err)
+    got = in_process("memory-get", "--root", str(root), add.json["id"], rel.json["id"]).json["records"]
+    assert [g["record"]["body"] for g in got] == ["stdin body for the server", "a body from a relative file"]
+    # --root names another memory (with no server): answered there, not by this server
+    other = tmp_path / "other"
+    other.mkdir()
+    assert run_sub(["memory-init", "--root", str(other)]).code == 0
+    index_records(other, [rec("only in the other memory", "zanzibar", id="o1")])
+    there = run_sub(["memory-query", "--root", str(other), "zanzibar"], cwd=root)
+    assert [h["id"] for h in there.json["hits"]] == ["o1"]
+    assert stop(proc)["served"] == 2  # the two writes (one as a prepared request), nothing else
+
+
+def test_a_server_lost_after_it_took_a_write_is_reported_never_redone(project):
+    """The client learns before anything runs whether the server took the call, and whether it writes: lost
+    after that, a read is redone here, a write is reported (it may have been written)."""
+    import threading
+
+    from nubos_memory.interfaces import client
+
+    path = project / ".nubos-pilot/memory/serve.sock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def fake_server(writes: bool) -> threading.Thread:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            listener.bind(str(path))
+        finally:
+            os.umask(old)
+        listener.listen(1)
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            client.recv_message(conn)
+            client.send_message(conn, {"accepted": True, "writes": writes})
+            conn.close()  # and dies before it answers
+            listener.close()
+            path.unlink()
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        return thread
+
+    thread = fake_server(writes=True)
+    got = client.quick(["memory-add", "--root", str(project), "--type", "learning", "--title", "t", "--body", "b"])
+    thread.join(10)
+    assert got is not None and got[0] == 7 and json.loads(got[2])["error"]["code"] == "server-lost"
+    thread = fake_server(writes=False)
+    assert client.quick(["memory-query", "--root", str(project), "x"]) is None  # the CLI runs it here
+    thread.join(10)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,7 @@ class BranchFilter:
         self.state = state
         self._kept: tuple[tuple[Any, ...], Any] | None = None
 
-    def positions(self, records: list[Any]) -> Any:
+    def positions(self, records: Sequence[Any]) -> Any:
         import numpy as np
 
         key = (self.state.head(), len(records), id(records))

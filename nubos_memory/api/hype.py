@@ -56,10 +56,10 @@ def counts(scan: LogScan, config: "MemoryConfig") -> dict[str, Any]:
 def describe(mem: "Memory") -> dict[str, Any]:
     """``memory-stats`` ``generator``: off, or its settings and breaker (``Generator.describe``: never the
     key), and HyPE's counts from the log.  Never calls the generator."""
-    from ..generate import make_generator
-
     out: dict[str, Any] = {"enabled": mem.config.generator.enabled}
     if mem.config.generator.enabled:
+        from ..generate import make_generator  # (its HTTP client: only when there is a generator)
+
         try:
             out.update(make_generator(mem.config).describe())
         except ConfigError as exc:

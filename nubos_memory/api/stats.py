@@ -7,6 +7,8 @@ graph's element count is read from its file header.
 from __future__ import annotations
 
 import struct
+from collections import Counter
+from itertools import compress
 from typing import TYPE_CHECKING, Any
 
 from .. import codes
@@ -143,13 +145,10 @@ def pieces_status(manifest: "Manifest | None") -> dict[str, Any] | None:
 
 def domain_counts(mem: "Memory") -> tuple[dict[str, int], int]:
     """Live records (not expired) by domain, most first then by name, and how many have none."""
-    counts: dict[str, int] = {}
-    for pos in mem.snap.alive.nonzero()[0]:
-        domain = mem.snap.domains[pos] if pos < len(mem.snap.domains) else None
-        key = "" if domain is None else domain
-        counts[key] = counts.get(key, 0) + 1
-    without = counts.pop("", 0)
-    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))), without
+    counts = Counter(compress(mem.snap.domains, mem.snap.alive.tolist()))
+    without = counts.pop(None, 0)
+    named = [(d, n) for d, n in counts.items() if d is not None]
+    return dict(sorted(named, key=lambda kv: (-kv[1], kv[0]))), without
 
 
 def collect_stats(mem: "Memory") -> Stats:

@@ -43,16 +43,24 @@ OVERFETCH_MAX = 512  # HNSW still serves a query that excludes at most this many
 ANN_SLACK = 64  # extra rows asked of a store's own candidate index (rows this machine has not indexed yet)
 SCANS_BEFORE_GRAPH = 4  # a one-shot process answers this many searches by exact scan before it loads the graph
 KAPPA_MIN_ROWS = 16  # fewer rows than this are too few to tell their order's coherence from chance
+USABLE_BLOCK = 4096  # rows checked at once by ``usable``
 PIECE_RULE = "best piece v1"
 PIECE_LAMBDA = 0.5  # a several-piece record's cosine: λ·best piece + (1 − λ)·pooled (adr/0002: 0.5 measured best)
 QUESTION_RULE = "best of record and questions v1"  # HyPE: a record's cosine is the better of its own and its questions'
 
 
 def usable(vectors: np.ndarray) -> np.ndarray:
-    """Which rows are vectors worth storing: every component finite and a non-zero length (a broken
-    model or a damaged export can give NaN or zero rows, whose cosines are meaningless)."""
-    rows = np.asarray(vectors, dtype=np.float32).reshape(len(vectors), -1)
-    ok: np.ndarray = np.isfinite(rows).all(axis=1) & (np.abs(rows).sum(axis=1) > 1e-6)
+    """Which rows are vectors worth storing: a finite squared length above 1e-12 (a broken model or a
+    damaged export can give NaN or zero rows, whose cosines are meaningless; so is a row whose square
+    overflows float32).  One pass over the rows, a block at a time (``memory-stats`` checks every
+    stored row: no copy of a memory-mapped million)."""
+    ok = np.empty(len(vectors), dtype=bool)
+    for start in range(0, len(vectors), USABLE_BLOCK):
+        block = np.asarray(vectors[start:start + USABLE_BLOCK], dtype=np.float32).reshape(
+            min(USABLE_BLOCK, len(vectors) - start), -1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            squared = np.einsum("ij,ij->i", block, block)
+        ok[start:start + USABLE_BLOCK] = np.isfinite(squared) & (squared > 1e-12)
     return ok
 
 
@@ -233,7 +241,7 @@ class VectorIndex:
         # then the rows of its segments (``tail``, in memory: store/cache.py, adr/0021)
         self.base = vectors
         self.tail = tail if tail is not None and len(tail) else None
-        self.label_of = label_of if label_of is not None else {rid: i for i, rid in enumerate(ids)}
+        self._label_of = label_of  # (made on first use: a one-shot query maps records without it)
         self._labels_of_hash: dict[str, list[int]] | None = None
         self.hnsw_path = hnsw_path
         self.ef_search = ef_search
@@ -251,6 +259,21 @@ class VectorIndex:
         self.scans = 0
         # How the graph file is checked against its sha256 (None: hashed; store/verified.py)
         self.check_file: Callable[[Path, Any], bool] | None = None
+
+    @property
+    def label_of(self) -> dict[str, int]:
+        """Record id -> its label (an id at several labels: the last)."""
+        if self._label_of is None:
+            self._label_of = {rid: i for i, rid in enumerate(self.ids)}
+        return self._label_of
+
+    def grown_label_of(self, more: list[str]) -> dict[str, int] | None:
+        """This index's id -> label map grown in place by ``more`` ids after its rows, for an index that
+        extends this one (None: not made yet; that index makes its own on first use)."""
+        if self._label_of is not None:
+            n = len(self)
+            self._label_of.update((rid, n + i) for i, rid in enumerate(more))
+        return self._label_of
 
     @property
     def base_rows(self) -> int:

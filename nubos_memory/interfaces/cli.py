@@ -204,21 +204,26 @@ def progress_mode(requested: str | None) -> str:
     return requested
 
 
-def _emit(stream: Any, doc: Any) -> None:
-    """One JSON document, or a verb's text answer as it is (``memory-query --format md``);
-    nothing for a verb whose output was a protocol (``memory-mcp``)."""
+def render(doc: Any) -> str | None:
+    """What the CLI prints for an answer: one JSON document, or a verb's text answer as it is
+    (``memory-query --format md``); nothing for a verb whose output was a protocol (``memory-mcp``)."""
     if doc is None:
-        return
-    stream.write(doc if isinstance(doc, str) else dumps(doc).decode("utf-8") + "\n")
-    stream.flush()
+        return None
+    return doc if isinstance(doc, str) else dumps(doc).decode("utf-8") + "\n"
 
 
-def execute(name: str, request: Request) -> tuple[int, str, Any]:
-    """Run a verb here or, when one of ours is running, in ``memory-serve``."""
-    if name in LAUNCHERS:
-        return launch(name, request)
+def _emit(stream: Any, doc: Any) -> None:
+    text = render(doc)
+    if text is not None:
+        stream.write(text)
+        stream.flush()
+
+
+def prepared(name: str, request: Request, cwd: str | None = None) -> tuple[int, str, Any] | None:
+    """Make the request self-contained (``verbs.prepare``; ``cwd``: the caller's working directory when
+    it is another process's); the answer when that fails, None when the request is ready."""
     try:
-        prepare(name, request)
+        prepare(name, request, cwd)
     except DisabledError as exc:
         if request.get("skip_if_disabled"):
             return 0, "stdout", {"skipped": True, "reason": "memory-disabled"}
@@ -226,12 +231,25 @@ def execute(name: str, request: Request) -> tuple[int, str, Any]:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes the envelope
         code, envelope = failure(exc)
         return code, "stderr", envelope
+    return None
+
+
+def execute(name: str, request: Request, untrusted: dict[str, str] | None = None) -> tuple[int, str, Any]:
+    """Run a verb here or, when one of ours is running, in ``memory-serve``; ``untrusted``: the warning
+    about a server found not to be ours already (``client.quick``), which is not tried again."""
+    if name in LAUNCHERS:
+        return launch(name, request)
+    refused = prepared(name, request)
+    if refused is not None:
+        return refused
     warning = None
     report = None
     if VERBS[name].long:
         request["progress"] = progress_mode(request.get("progress"))
         report = None if request["progress"] == "none" else ProgressPrinter(name, request["progress"])
-    if VERBS[name].served and not os.environ.get("NUBOS_MEMORY_NO_SERVER"):
+    if untrusted is not None and VERBS[name].served:
+        warning = untrusted
+    elif VERBS[name].served and not os.environ.get("NUBOS_MEMORY_NO_SERVER"):
         from .client import forward
 
         answer, warning = forward(name, request, report)
@@ -246,19 +264,24 @@ def execute(name: str, request: Request) -> tuple[int, str, Any]:
     return code, stream, doc
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one verb; return the exit code."""
+def parse(argv: Sequence[str]) -> tuple[str, Request]:
+    """A command line's verb and request (UsageError: not a valid one)."""
+    check_arguments(argv)
+    args = build_parser().parse_args(argv)
+    if not args.verb:
+        raise UsageError("a verb is required", details={"verbs": sorted(COMMANDS)})
+    return args.verb, {k: v for k, v in vars(args).items() if k != "verb"}
+
+
+def main(argv: Sequence[str] | None = None, untrusted: dict[str, str] | None = None) -> int:
+    """Run one verb; return the exit code (``untrusted``: see :func:`execute`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        check_arguments(argv)
-        args = build_parser().parse_args(argv)
-        if not args.verb:
-            raise UsageError("a verb is required", details={"verbs": sorted(COMMANDS)})
+        name, request = parse(argv)
     except UsageError as exc:
         _emit(sys.stderr, {"error": exc.to_dict()})
         return exc.exit_code
-    request = {k: v for k, v in vars(args).items() if k != "verb"}
-    code, stream, doc = execute(args.verb, request)
+    code, stream, doc = execute(name, request, untrusted)
     _emit(sys.stdout if stream == "stdout" else sys.stderr, doc)
     return code
 

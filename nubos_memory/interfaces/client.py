@@ -1,11 +1,23 @@
 """The CLI's side of warm mode: hand a verb to a running ``memory-serve``.
 
-Kept free of numpy and of the library's heavy modules, so a forwarded verb
-costs little more than starting Python.
+Two ways, both kept free of numpy, orjson and the library's heavy modules:
+
+* :func:`quick`, before anything else is imported (``entry.py``): the command line as it was typed,
+  with the working directory, goes to the server, which parses it with the CLI's own parser and
+  answers with the text the CLI would print (``server.py``).  A call costs little more than starting
+  Python (issue 27: within 3× of ``python -c pass``).  The server answers ``fallback`` for what it must
+  not run for a client — a verb it does not serve, one that reads this process's standard input, a
+  long verb (its progress bar is this terminal's), a ``--root`` that is not its memory, ``--help`` —
+  and the CLI then runs as below.
+* :func:`forward`, from ``cli.py`` once the request is parsed and prepared here (standard input read).
+
+Messages are framed JSON (an 8-byte big-endian length, then the document); this side encodes them
+with the standard library's ``json``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -16,9 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import codes
-from ..config import MEMORY_DIR, STATE_DIR, find_root
-from ..errors import NubosMemoryError
-from ..fsio import JSONDecodeError, dumps, loads
+from ..roots import MEMORY_DIR, STATE_DIR, find_root
 
 SOCKET_NAME = "serve.sock"
 MAX_MESSAGE = 512 << 20
@@ -45,17 +55,24 @@ def connect(path: Path, timeout: float | None = 1.0) -> socket.socket:
     return sock
 
 
-def send_message(sock: socket.socket, doc: Any) -> None:
-    data = dumps(doc)
+def send_frame(sock: socket.socket, data: bytes) -> None:
     sock.sendall(len(data).to_bytes(8, "big") + data)
 
 
-def recv_message(sock: socket.socket) -> Any:
+def recv_frame(sock: socket.socket) -> bytes:
     header = _recv_exact(sock, 8)
     size = int.from_bytes(header, "big")
     if size > MAX_MESSAGE:
         raise ValueError("message too large")
-    return loads(_recv_exact(sock, size))
+    return _recv_exact(sock, size)
+
+
+def send_message(sock: socket.socket, doc: Any) -> None:
+    send_frame(sock, json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+
+
+def recv_message(sock: socket.socket) -> Any:
+    return json.loads(recv_frame(sock))
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -124,11 +141,83 @@ def _connect_ours(path: Path) -> tuple[socket.socket | None, str | None]:
     return sock, None
 
 
+def _lost(path: Path) -> tuple[int, str, Any]:
+    """The answer when the server went away after it took a write: it may or may not be written."""
+    return (7, "stderr", {"error": {
+        "code": codes.SERVER_LOST,
+        "message": "memory-serve stopped while handling this write; it may or may not have been written. "
+                   "Check with memory-stats, then re-run (records with ids are skipped).",
+        "details": {"socket": str(path)}}})
+
+
+def _root_argument(argv: list[str]) -> tuple[bool, str | None]:
+    """``(readable, the --root given)`` as argparse reads it (the last one wins); a ``--root`` without
+    a value is not readable here (the CLI says what is wrong)."""
+    root = None
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--root":
+            if i + 1 >= len(argv):
+                return False, None
+            root = argv[i + 1]
+        elif arg.startswith("--root="):
+            root = arg[len("--root="):]
+    return True, root
+
+
+def _untrusted_warning(why: str, path: Path) -> dict[str, str]:
+    return {"code": codes.SERVER_UNTRUSTED, "message": f"memory-serve was not used: {why}; answered in-process instead",
+            "socket": str(path)}
+
+
+def quick(argv: list[str]) -> tuple[int, str, str | None] | dict[str, str] | None:
+    """``(exit code, "stdout" or "stderr", the text to print)`` of a command line a running server of
+    ours answered; None when the CLI must run it (no server, or the server's ``fallback``: module
+    docstring); the warning the CLI adds to its answer when the server may not be ours (not a byte
+    was sent to it, and the CLI does not try it again)."""
+    if os.environ.get("NUBOS_MEMORY_NO_SERVER") or not argv or "-h" in argv or "--help" in argv:
+        return None
+    readable, explicit = _root_argument(argv)
+    if not readable:
+        return None
+    try:
+        path = socket_path(find_root(explicit))
+    except Exception:  # noqa: BLE001 - no usable root: the CLI reports it
+        return None
+    if not os.path.lexists(path):
+        return None
+    sock, why = _connect_ours(path)
+    if why is not None:
+        return _untrusted_warning(why, path)
+    if sock is None:
+        return None
+    accepted: dict[str, Any] | None = None
+    try:
+        with sock:
+            sock.settimeout(None)  # a write may embed for a while
+            send_message(sock, {"argv": argv, "cwd": os.getcwd()})
+            reply = recv_message(sock)
+            if not isinstance(reply, dict) or not reply.get("accepted"):
+                return None  # "fallback", or an answer this version does not know
+            accepted = reply
+            reply = recv_message(sock)
+            return int(reply["code"]), str(reply["stream"]), reply["out"]
+    except (OSError, ValueError, ConnectionError, KeyError, TypeError):
+        # (before the server took the call nothing ran: the CLI runs it; after, only a read is redone)
+        if accepted is not None and accepted.get("writes"):
+            code, stream, doc = _lost(path)
+            return code, stream, json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n"
+        return None
+
+
 def forward(name: str, request: dict[str, Any], progress: Callable[[str, int, int], None] | None = None
             ) -> tuple[tuple[int, str, Any] | None, dict[str, str] | None]:
     """``(the server's answer, None)``, or ``(None, why not)`` when the verb must run in-process:
     no server, a stale socket (no warning), or a server that may not be ours (a warning).  A long
     verb's progress reports, which the server sends ahead of its answer, go to ``progress``."""
+    from ..errors import NubosMemoryError
+
     try:
         root = find_root(request.get("root"))
     except NubosMemoryError:
@@ -138,9 +227,7 @@ def forward(name: str, request: dict[str, Any], progress: Callable[[str, int, in
         return None, None
     sock, why = _connect_ours(path)
     if why is not None:
-        return None, {"code": codes.SERVER_UNTRUSTED,
-                      "message": f"memory-serve was not used: {why}; answered in-process instead",
-                      "socket": str(path)}
+        return None, _untrusted_warning(why, path)
     if sock is None:
         return None, None  # a stale socket from a killed server: work in-process
     args = {k: v for k, v in request.items() if k != "root"}
@@ -155,15 +242,11 @@ def forward(name: str, request: dict[str, Any], progress: Callable[[str, int, in
                 if progress is not None:
                     progress(*reply["progress"])
                 reply = recv_message(sock)
-    except (OSError, ValueError, ConnectionError, JSONDecodeError):
+    except (OSError, ValueError, ConnectionError):
         if sent and name == "memory-index":
             # Records without an id got fresh ones inside the server; redoing the batch here
             # could store them twice, so say what happened instead of guessing.
-            return (7, "stderr", {"error": {
-                "code": codes.SERVER_LOST,
-                "message": "memory-serve stopped while handling this batch; it may or may not have been "
-                           "written. Check with memory-stats, then re-run (records with ids are skipped).",
-                "details": {"socket": str(path)}}}), None
+            return _lost(path), None
         return None, None  # reads, rebuild and memory-add (its id is fixed before sending) are safe to redo
     if not isinstance(reply, dict) or "code" not in reply:
         return None, None

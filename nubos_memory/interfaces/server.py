@@ -16,9 +16,13 @@ never waits on a half-started server: until then it works in-process.
 ``--idle-timeout`` counts from the end of warm-up and of the last request.
 
 Protocol: one request per connection, each message an 8-byte big-endian length
-and a JSON document: ``{"verb": name, "args": {...request...}}`` →
-``{"code", "stream", "doc"}``, preceded, for a long verb whose request asks for
-progress, by ``{"progress": [stage, done, total]}`` messages.
+and a JSON document: ``{"verb": name, "args": {...request...}}`` (a request the CLI
+parsed and prepared) → ``{"code", "stream", "doc"}``, preceded, for a long verb whose
+request asks for progress, by ``{"progress": [stage, done, total]}`` messages; or
+``{"argv": [...], "cwd": path}`` (a command line as typed: ``client.quick``) →
+``{"fallback": true}`` when the CLI must run it itself (``client.py`` says when), else
+``{"accepted": true, "writes": bool}`` then ``{"code", "stream", "out"}``: the text the CLI
+would print, parsed, prepared, answered and printed by the CLI's own functions.
 """
 
 from __future__ import annotations
@@ -30,13 +34,15 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from .. import codes
 from ..errors import InputError, UsageError, failure
-from ..fsio import DIR_MODE, FILE_MODE, dumps
-from .client import connect, peer_uid, recv_message, send_message, socket_path
-from .verbs import VERBS, Context, run
+from ..fsio import DIR_MODE, FILE_MODE, dumps, loads
+from ..roots import find_root
+from .client import connect, peer_uid, recv_frame, send_frame, socket_path
+from .verbs import VERBS, Context, needs_stdin, run
 from .warm import WarmMemory, catch_up_forever
 
 LOCK_NAME = "serve.lock"
@@ -94,20 +100,23 @@ class Server:
         sock.settimeout(0.25)
         return sock
 
-    def handle(self, conn: socket.socket) -> None:
-        """Answer one connection (on its own thread)."""
+    def handle(self, conn: socket.socket) -> bool:
+        """Answer one connection (on its own thread); whether it was answered (not: a broken request, a
+        peer of another uid, a command line the CLI runs itself)."""
         with conn:
             try:
                 if peer_uid(conn) not in (None, os.getuid()):
-                    return  # the socket is owner-only; a peer of another uid should not exist at all
+                    return False  # the socket is owner-only; a peer of another uid should not exist at all
             except OSError:
-                return
+                return False
             conn.settimeout(30)
             try:
-                request = recv_message(conn)
+                request = loads(recv_frame(conn))
+                if "argv" in request:
+                    return self._command_line(conn, [str(a) for a in request["argv"]], str(request["cwd"]))
                 name, args = request["verb"], dict(request["args"])
             except Exception:  # noqa: BLE001 - a broken request: nothing to answer
-                return
+                return False
             args["root"] = str(self.root)
             if name not in VERBS or not VERBS[name].served:
                 code, envelope = failure(UsageError(f"{name!r} is not served by memory-serve"))
@@ -119,7 +128,7 @@ class Server:
                     """Ahead of the answer; a client that went away must not stop the work."""
                     if not gone.is_set():
                         try:
-                            send_message(conn, {"progress": [stage, done, total]})
+                            send_frame(conn, dumps({"progress": [stage, done, total]}))
                         except OSError:
                             gone.set()
 
@@ -130,17 +139,65 @@ class Server:
                 reply = {"code": code, "stream": stream, "doc": doc}
             try:
                 conn.settimeout(None)
-                send_message(conn, reply)
+                send_frame(conn, dumps(reply))
             except OSError:
                 pass
+            return True
+
+    def _command_line(self, conn: socket.socket, argv: list[str], cwd: str) -> bool:
+        """Answer a command line as the CLI would, with the text it would print, or say ``fallback``
+        where the CLI must run it itself (``client.py``); whether it was answered."""
+        from . import cli  # (the CLI's parser and printing, imported by the first command line)
+
+        def accept(writes: bool) -> None:  # (before anything runs: a client that loses us later knows)
+            send_frame(conn, dumps({"accepted": True, "writes": writes}))
+
+        def answer(got: tuple[int, str, Any]) -> None:
+            code, stream, doc = got
+            conn.settimeout(None)
+            send_frame(conn, dumps({"code": code, "stream": stream, "out": cli.render(doc)}))
+
+        try:
+            name, request = cli.parse(argv)
+        except UsageError as exc:
+            accept(False)
+            answer((exc.exit_code, "stderr", {"error": exc.to_dict()}))
+            return True
+        except BaseException:  # noqa: BLE001 - argparse's --help or --version exits: the CLI prints them
+            send_frame(conn, dumps({"fallback": True}))
+            return False
+        verb = VERBS.get(name)
+        if verb is None or not verb.served or verb.long or needs_stdin(name, request) \
+                or not os.path.isabs(cwd) or not self._ours(request.get("root"), cwd):
+            send_frame(conn, dumps({"fallback": True}))
+            return False
+        request["root"] = str(self.root)
+        accept(verb.writes)
+        answer(cli.prepared(name, request, cwd) or self._answer(name, request))
+        return True
+
+    def _ours(self, given: Any, cwd: str) -> bool:
+        """Whether a command line's ``--root`` (None: the caller found this server by its own) is this
+        server's memory."""
+        if given is None:
+            return True
+        try:
+            return find_root(str(given), cwd=Path(cwd)) == self.root
+        except Exception:  # noqa: BLE001 - not a folder: the CLI says so
+            return False
+
+    def _answer(self, name: str, request: dict[str, Any]) -> tuple[int, str, Any]:
+        with self.warm.use(writes=VERBS[name].writes) as mem:
+            return run(name, request, Context(open_memory=lambda _root: mem))
 
     def _serve_one(self, conn: socket.socket) -> None:
+        answered = False
         try:
-            self.handle(conn)
+            answered = self.handle(conn)
         finally:
             with self._count_lock:
                 self._active -= 1
-                self.served += 1
+                self.served += answered
                 self._last = time.monotonic()
 
     def serve(self) -> dict[str, Any]:

@@ -110,32 +110,43 @@ def read_stdin() -> str | None:
         raise InputError("standard input is not UTF-8 text", code=codes.STDIN_UNREADABLE) from None
 
 
-def prepare(name: str, request: Request) -> None:
+def needs_stdin(name: str, request: Request) -> bool:
+    """Whether this request is completed from the calling process's standard input (``prepare``)."""
+    if name == "memory-add":
+        return request.get("body") is None and request.get("body_file") is None
+    return name == "memory-index" and request.get("records_file") == "-"
+
+
+def prepare(name: str, request: Request, cwd: str | None = None) -> None:
     """Make a request self-contained, before it runs here or is sent to ``memory-serve``: standard
-    input read (unless memory is off: then nothing is read), files named relative to this process's
-    working directory made absolute, and a record id fixed (so a retry cannot store it twice)."""
+    input read (unless memory is off: then nothing is read), files named relative to the caller's
+    working directory made absolute, and a record id fixed (so a retry cannot store it twice).
+    ``cwd``: that working directory when it is another process's (``memory-serve`` answering a command
+    line), whose standard input is not this one's: a request that ``needs_stdin`` is refused then."""
+    def absolute(path: str) -> str:
+        return os.path.abspath(os.path.join(cwd, path) if cwd is not None else path)
+
     if name == "memory-harvest" and isinstance(request.get("transcript"), str):
-        request["transcript"] = os.path.abspath(request["transcript"])
-    if not VERBS[name].stdin:
+        request["transcript"] = absolute(request["transcript"])
+    if name not in VERBS or not VERBS[name].stdin:
         return
     from ..config import load_project
 
     if request.get("scope") != "user" and not load_project(request.get("root")).config.enabled:
         raise DisabledError("memory is disabled for this project (memory.enabled is false); run memory-init "
                             "to enable it")
-    if name == "memory-add":
-        if request.get("body") is not None and request.get("body_file") is not None:
-            raise UsageError("give --body or --body-file, not both")
-        if request.get("body") is None and request.get("body_file") is None:
-            request["stdin_text"] = read_stdin()
-        if request.get("id") is None:
-            request["id"] = str(uuid.uuid4())
-    if name == "memory-index" and request.get("records_file") == "-":
+    if name == "memory-add" and request.get("body") is not None and request.get("body_file") is not None:
+        raise UsageError("give --body or --body-file, not both")
+    if needs_stdin(name, request):
+        if cwd is not None:
+            raise RuntimeError(f"{name} reads its caller's standard input: it cannot be answered for another process")
         request["stdin_text"] = read_stdin()
+    if name == "memory-add" and request.get("id") is None:
+        request["id"] = str(uuid.uuid4())
     for key in ("body_file", "records_file"):
         value = request.get(key)
         if value not in (None, "-"):
-            request[key] = os.path.abspath(value)
+            request[key] = absolute(value)
 
 
 def run(name: str, request: Request, ctx: Context) -> tuple[int, str, Any]:

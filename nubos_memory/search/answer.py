@@ -8,6 +8,7 @@ carries the signals that ranked it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..limits import MAX_ECHO, MAX_TAGS
@@ -78,7 +79,7 @@ def conflicts_of(shown: Record, older: list[Record]) -> list[dict[str, Any]]:
     return out
 
 
-def hit_of(group: list[Candidate], records: list[Record], explain: dict[str, Any] | None) -> Hit:
+def hit_of(group: list[Candidate], records: Sequence[Record], explain: dict[str, Any] | None) -> Hit:
     """One hit: the group's newest record, scored as its best; ``explain`` (the query's part of
     the explanation) adds the signals."""
     c = max(group, key=lambda m: recency(records[m.position]))  # the newest statement, by its time

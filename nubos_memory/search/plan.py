@@ -48,7 +48,7 @@ class Scope:
         if self.gate <= 0:
             return ps
         prev, nxt = self.prev[ps], self.nxt[ps]
-        return np.unique(np.concatenate([ps, prev[prev >= 0], nxt[nxt >= 0]]))
+        return distinct(np.concatenate([ps, prev[prev >= 0], nxt[nxt >= 0]]))
 
 
 def top(positions: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
@@ -57,3 +57,12 @@ def top(positions: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
         part = np.argpartition(-scores, n - 1)[:n]
         positions, scores = positions[part], scores[part]
     return positions[np.lexsort((positions, -scores))]
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of a 1-d array: ``np.unique`` without its first call's import of
+    ``numpy.ma`` (13 ms of a one-shot query)."""
+    ordered = np.sort(values)
+    if len(ordered) < 2:
+        return ordered
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]

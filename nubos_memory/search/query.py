@@ -24,6 +24,7 @@ The answer's shape (near duplicates collapsed, ``explain``) is ``answer.py``'s.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -98,7 +99,7 @@ class Gathered:
     their statistics are over (``search/fused.py`` pools them across memories before ``finish``)."""
 
     out: "QueryResult"
-    records: "list[Record]"
+    records: "Sequence[Record]"
     req: Request
     scope: Scope
     state: "VectorState | None"
@@ -348,7 +349,7 @@ def _vector_columns(vec: VectorSide | None, positions: np.ndarray, scope: Scope)
 
 
 # -- 5. fusion -------------------------------------------------------------------------------
-def _ranked(cands: list[Candidate], records: list[Record], req: Request, threshold: float) -> list[Candidate]:
+def _ranked(cands: list[Candidate], records: Sequence[Record], req: Request, threshold: float) -> list[Candidate]:
     """The candidates kept by the query's ranking rule (``fusion.ranker``), best first; importance
     reorders near-ties only, it never admits a record (``fusion.py``)."""
     kept = ranker(req.mode, req.fusion)(cands, req.alpha, threshold)
@@ -359,7 +360,7 @@ def _ranked(cands: list[Candidate], records: list[Record], req: Request, thresho
     return kept
 
 
-def _hits(kept: list[Candidate], records: list[Record], state: VectorState | None, cfg: MemoryConfig,
+def _hits(kept: list[Candidate], records: Sequence[Record], state: VectorState | None, cfg: MemoryConfig,
           req: Request, scope: Scope, lex: LexicalSide) -> list[Hit]:
     """The best ``k`` hits, near duplicates collapsed (``answer.py``)."""
     groups = groups_of(kept, state, cfg.near_duplicate, req.collapse, req.k)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from ..types import Manifest, Problem, Record
 
 LEXICAL_SAVE_MIN = 64
+ALIGNED_RUN = 1024  # positions mapped to labels at once where the keymap lists them in order (``_map``)
 
 
 @dataclass
@@ -95,7 +97,7 @@ class Snapshot:
         self.graph = True  # False: a one-shot process, which scans instead of loading the graph (cli.open_memory)
 
     @property
-    def records(self) -> "list[Record]":
+    def records(self) -> "Sequence[Record]":
         """Every record line read so far, by position (dead ones too)."""
         return self.scan.records if self.scan is not None else []
 
@@ -133,17 +135,19 @@ class Snapshot:
             self._vec_key = None
         self.scan = scan
         start = len(self.types)
-        for pos in range(start, len(scan.records)):
-            rec = scan.records[pos]
-            self.types.append(rec["type"])
-            self.domains.append(rec.get("domain"))
-            self.phases.append(rec.get("phase"))
-            for tag in rec.get("tags") or ():
-                self.tag_positions.setdefault(tag, []).append(pos)
-            until = iso_to_epoch(rec.get("valid_until")) if "valid_until" in rec else None
-            if until is not None:
-                self._expiries[pos] = until
-                self._next_expiry = min(self._next_expiry, until)
+        if start < len(scan.records):  # (from the records' columns: a checkpoint's records stay undecoded)
+            records = scan.records
+            self.types += records.values("type", start)
+            self.domains += records.values("domain", start)
+            self.phases += records.values("phase", start)
+            for pos, tags in enumerate(records.values("tags", start), start):
+                for tag in tags or ():
+                    self.tag_positions.setdefault(tag, []).append(pos)
+            for pos, value in enumerate(records.values("valid_until", start), start):
+                until = iso_to_epoch(value) if value is not None else None
+                if until is not None:
+                    self._expiries[pos] = until
+                    self._next_expiry = min(self._next_expiry, until)
         if len(self.alive) < len(scan.records):
             self.alive = np.concatenate([self.alive, np.ones(len(scan.records) - len(self.alive), dtype=bool)])
         if self._alive_deaths < len(scan.deaths):
@@ -313,7 +317,39 @@ class Snapshot:
         index = self.index
         if index is None or self.scan is None:
             return
-        records, hashes, label_of, labels = self.scan.records, self.hashes, index.label_of, self.labels
+        start = positions.start if isinstance(positions, range) else 0  # (the ids from there on)
+        ids = self.scan.records.values("id", start)
+        if start == 0 and isinstance(positions, range):
+            self._map_runs(ids, positions.stop)
+        else:
+            self._map_each(ids, start, positions)
+
+    def _map_each(self, ids: list[str], start: int, positions: Any) -> None:
+        """Map positions one by one (``ids[pos - start]``: each one's record id)."""
+        assert self.index is not None
+        label_of, keyed, hashes, labels = self.index.label_of, self.index.hashes, self.hashes, self.labels
         for pos in positions:
-            label = label_of.get(records[pos]["id"])
-            labels[pos] = label if label is not None and index.hashes[label] == hashes[pos] else -1
+            label = label_of.get(ids[pos - start])
+            labels[pos] = label if label is not None and keyed[label] == hashes[pos] else -1
+
+    def _map_runs(self, ids: list[str], stop: int) -> None:
+        """Map positions ``0..stop`` (``ids``: their record ids) a run of ``ALIGNED_RUN`` at once where the
+        generation's keymap lists the same records, by id and content, in the same order (what a rebuild
+        and appends write: label i is the i-th record with a vector); a run that differs (a record without
+        a vector, a retired one) is mapped one by one, and the next run starts after its last row."""
+        assert self.index is not None
+        kids, keyed, hashes, labels = self.index.ids, self.index.hashes, self.hashes, self.labels
+        pos = label = 0
+        while pos < stop:
+            end = min(pos + ALIGNED_RUN, stop)
+            run = end - pos
+            if ids[pos:end] == kids[label:label + run] and hashes[pos:end] == keyed[label:label + run]:
+                labels[pos:end] = np.arange(label, label + run)
+                label += run
+            else:
+                self._map_each(ids, 0, range(pos, end))
+                found = labels[pos:end]
+                mapped = found[found >= 0]
+                if len(mapped):
+                    label = int(mapped[-1]) + 1
+            pos = end

@@ -23,7 +23,7 @@ from ..index import vectors as vector_index
 from ..index.vectors import mix
 from .fusion import zscore_stats
 from .neighbours import CONTEXT_VECTOR, with_context
-from .plan import Scope, top
+from .plan import Scope, distinct, top
 
 if TYPE_CHECKING:
     from ..embed.base import Embedder
@@ -133,7 +133,7 @@ def _approximate_top(cosines: Cosines, in_scope: np.ndarray, snap: Snapshot,
         for closest in (cosines.best, cosines.asked):  # and the records whose best piece or question is closest
             if closest is not None:
                 top_labels = np.concatenate([top_labels, index.top_by_pieces(closest, scope.n_cand, allowed)])
-    proposed = snap.positions_of(np.unique(top_labels))
+    proposed = snap.positions_of(distinct(top_labels))
     proposed = proposed[proposed >= 0]
     at = np.minimum(np.searchsorted(scope.positions, proposed), max(len(scope.positions) - 1, 0))
     inside = scope.positions[at] == proposed if len(scope.positions) else np.zeros(len(proposed), dtype=bool)
@@ -141,7 +141,7 @@ def _approximate_top(cosines: Cosines, in_scope: np.ndarray, snap: Snapshot,
                                extra[np.isin(extra, scope.positions)]])
     rng = np.random.default_rng(len(in_scope))  # a fixed sample for a given memory size
     stats_of = np.sort(rng.choice(in_scope, min(STATS_SAMPLE, len(in_scope)), replace=False))
-    cosines.compute(scope.neighbourhood(np.unique(np.concatenate([proposed, stats_of]))))
+    cosines.compute(scope.neighbourhood(distinct(np.concatenate([proposed, stats_of]))))
     return top(proposed, cosines.cos[proposed], scope.n_cand), stats_of
 
 

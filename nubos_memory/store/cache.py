@@ -406,8 +406,7 @@ class DerivedCache:
             tails.append(rows)
             if pieces is not None and len(pieces):
                 piece_parts.append(pieces)
-        label_of = index.label_of
-        label_of.update((rid, n + i) for i, rid in enumerate(ids))
+        label_of = index.grown_label_of(ids)
         if given is not None and given[0][n:] == ids and given[1][n:] == hashes:
             ids, hashes = given  # the lists the commit was given end with exactly these rows: no copy
         else:

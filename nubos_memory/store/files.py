@@ -85,8 +85,9 @@ class FileStore(LocalDerivedState):
         self.folder = project.memory_dir
         self.cache = DerivedCache(self.folder)  # (its record of checked files serves the folder's readers)
         self.log = RecordLog(self.folder / RECORDS, checkpoint=True, verified=self.cache.verified)
-        self.lexcache = LexicalCache(self.folder, lambda offset: file_sha256(self.folder / RECORDS, offset),
-                                     self.cache.verified)
+        log, verified = self.folder / RECORDS, self.cache.verified
+        self.lexcache = LexicalCache(self.folder, lambda offset: file_sha256(log, offset), verified,
+                                     lambda offset, sha256: verified.check_prefix(log, offset, sha256))
         self.usage = Usage(self.folder)
         self.write_lock = WriteLock(self.folder, lock_timeout)
         self._guarded = (project.state_dir, self.folder, project.config_path,

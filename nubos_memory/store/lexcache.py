@@ -66,10 +66,13 @@ def mapped_members(path: Path) -> dict[str, np.ndarray]:
 
 
 class LexicalCache:
-    def __init__(self, folder: Path, digest: Callable[[int], str], verified: Verified | None = None):
+    def __init__(self, folder: Path, digest: Callable[[int], str], verified: Verified | None = None,
+                 matches: Callable[[int, str], bool] | None = None):
         self.folder = folder
         self.digest = digest  # offset -> what identifies the log's first ``offset`` bytes
         self.verified = verified or Verified(folder)  # the npz checked against its sha256 once per version
+        # (offset, what identified them when saved) -> whether the log's first bytes are still those
+        self.matches = matches or (lambda offset, sha256: digest(offset) == sha256)
 
     def load(self, max_records: int) -> tuple[PostingsBM25, int] | None:
         """The saved engine and the log offset it covers, if still valid; else None.
@@ -82,7 +85,7 @@ class LexicalCache:
             if meta.get("format") != FORMAT or meta.get("tokenizer") != TOKENIZER_VERSION or not verify(meta):
                 return None
             count, offset = int(meta["count"]), int(meta["offset"])
-            if count > max_records or self.digest(offset) != meta["sha256"]:
+            if count > max_records or not self.matches(offset, str(meta["sha256"])):
                 return None
             name = Path(str(meta["file"])).name
             path = self.folder / name
