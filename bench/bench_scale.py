@@ -326,6 +326,8 @@ def main() -> None:
         row["cold_stats_ms"] = statistics.median(cli(root, "memory-stats") for _ in range(5))
         row["cold_lexical_query_ms"] = statistics.median(
             cli(root, "memory-query", "--mode", "lexical", queries[3]) for _ in range(5))
+        # A one-shot hybrid query: the packaged model on ONNX loaded and the query embedded in the process
+        row["cold_hybrid_query_ms"] = statistics.median(cli(root, "memory-query", queries[4]) for _ in range(5))
         row["python_startup_ms"] = statistics.median(
             timed(functools.partial(subprocess.run, [sys.executable, "-c", "pass"]), 5))
         # Peak RSS of a warm process at this size: a fresh process loads the memory, answers 20
@@ -355,7 +357,7 @@ def print_tables(results: dict[str, Any]) -> None:
     sizes = results["sizes"]
     print("\n| records | hybrid warm p50 / p95 ms | raw query encode p50 ms | hybrid − encode p50 ms | lexical warm p50 ms "
           "| top-100 exact / HNSW ms | raw hnsw k=10 ms | numpy exact k=10 ms | HNSW recall@10 (k=10 / in pool) "
-          "| rank-bm25 / postings / bm25s ms | warm memory-add ms | rebuild cached s | cold stats / lexical query ms "
+          "| rank-bm25 / postings / bm25s ms | warm memory-add ms | rebuild cached s | cold stats / lexical / hybrid query ms "
           "| python start ms | warm peak RSS MB |")
     print("|" + "---|" * 15)
     for n, r in sizes.items():
@@ -366,7 +368,7 @@ def print_tables(results: dict[str, Any]) -> None:
               f"| {r['raw_numpy_exact_ms_p50']:.2f} | {r['hnsw_recall@10']:.3f} / {r['hnsw_pool_recall@10']:.3f} "
               f"| {r['raw_rank_bm25_ms_p50']:.1f} / {r['postings_bm25_ms_p50']:.2f} / {r.get('bm25s_ms_p50', float('nan')):.2f} "
               f"| {r['warm_add_ms_p50']:.0f} | {r['rebuild_cached_s']:.1f} "
-              f"| {r['cold_stats_ms']:.0f} / {r['cold_lexical_query_ms']:.0f} "
+              f"| {r['cold_stats_ms']:.0f} / {r['cold_lexical_query_ms']:.0f} / {r.get('cold_hybrid_query_ms', float('nan')):.0f} "
               f"| {r['python_startup_ms']:.0f} | {r['warm_peak_rss_mb'] or 0:.0f} |")
     print("\n| index throughput | records | pieces | memory-index rec/s | raw encode, same pieces | ratio "
           "| raw encode, truncated | ratio |")
@@ -375,6 +377,14 @@ def print_tables(results: dict[str, Any]) -> None:
         print(f"| {shape} | {t['records']} | {t['pieces']} | {t['memory_index_per_s']:.1f} "
               f"| {t['raw_encode_pieces_per_s']:.1f} | {t['ratio_vs_same_pieces']:.2f} "
               f"| {t['raw_encode_truncated_per_s']:.1f} | {t['ratio_vs_truncated']:.2f} |")
+    print("\n| target | measured | goal | |\n|---|---|---|---|")
+    for row in target_checks(results):
+        print("| " + " | ".join(row) + " |")
+
+
+def target_checks(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Each target with what was measured and whether it was met."""
+    sizes = results["sizes"]
     checks: list[tuple[str, str, str, str]] = []
     get = sizes.get
 
@@ -402,11 +412,12 @@ def print_tables(results: dict[str, Any]) -> None:
         check(f"HNSW recall@10 @ {int(n):,}, shipped ef{used}", r["hnsw_recall@10"], ">= 0.98",
               r["hnsw_recall@10"] >= 0.98)
     r100 = get("100000") or get(100000)
+    if r100 and r100.get("cold_hybrid_query_ms"):
+        check("one-shot hybrid query @ 100k, ONNX (issue 27)", r100["cold_hybrid_query_ms"], "<= 600 ms",
+              r100["cold_hybrid_query_ms"] <= 600, " ms")
     if r100 and r100["warm_peak_rss_mb"]:
         check("warm peak RSS @ 100k", r100["warm_peak_rss_mb"], "<= 1536 MB", r100["warm_peak_rss_mb"] <= 1536, " MB")
-    print("\n| target | measured | goal | |\n|---|---|---|---|")
-    for row in checks:
-        print("| " + " | ".join(row) + " |")
+    return checks
 
 
 if __name__ == "__main__":

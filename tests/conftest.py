@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 # The reliability suites run quick versions by default; NUBOS_MEMORY_HEAVY=1 runs the heavy ones
 # (more writers, trials and generated inputs; docs/reliability.md).
 HEAVY = os.environ.get("NUBOS_MEMORY_HEAVY") == "1"
+# One-shot writes make a due side-weight estimate themselves here, as the library does, instead of starting a
+# background memory-settle that would commit while a test looks (tests/test_settle.py covers the background).
+os.environ[cli.SETTLE_INLINE] = "1"
 
 
 def write_config(root: Path, **memory) -> None:

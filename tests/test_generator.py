@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from nubos_memory import Memory
-from nubos_memory.api import hype
+from nubos_memory.api import background
 from nubos_memory.generate.chat import RateLimit
 from nubos_memory.log import read
 
@@ -30,7 +30,7 @@ SECRET = "sk-generator-test-9c1e77d0"  # must never appear in any output
 def no_worker_left():
     """A background ``memory-hype`` a test started is waited for (killed after a while), never left running."""
     yield
-    for proc in hype.running():
+    for proc in background.running():
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -282,14 +282,14 @@ def test_the_background_worker_never_runs_code_from_the_project(gen_project: Pat
     write_config(gen_project, generator={"enabled": True, "model": "tiny", "base_url": chat.url})
     monkeypatch.chdir(gen_project)
     rid = add(gen_project, "hostile note", "the project is not trusted")
-    for proc in hype.running():
+    for proc in background.running():
         assert proc.wait(timeout=60) == 0
     assert not marker.exists()
     assert Memory.open(gen_project).scan().questions_of(rid)  # the worker ran, from the installed package
     deadline = time.monotonic() + 5
-    while hype.running() and time.monotonic() < deadline:
+    while background.running() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert hype.running() == []  # and was reaped
+    assert background.running() == []  # and was reaped
 
 
 # -- memory-summarise -------------------------------------------------------------------------------

@@ -13,18 +13,12 @@ stops the run; its records keep waiting (``memory-stats`` ``generator.hype.waiti
 
 from __future__ import annotations
 
-import hashlib
-import os
-import subprocess
-import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .. import codes
 from ..errors import ConfigError, EmbeddingError
 from ..log import LogScan, questions_op, same_content
+from .background import only_worker, start
 from .writepath import settled_scan
 
 if TYPE_CHECKING:
@@ -68,33 +62,6 @@ def describe(mem: "Memory") -> dict[str, Any]:
     return out
 
 
-@contextmanager
-def _one_worker(mem: "Memory") -> Iterator[bool]:
-    """Whether this process is the project's only HyPE worker right now (a lock file in this user's cache;
-    without one, always: two workers only cost calls, never a second questions op, see ``_write``)."""
-    from ..userdirs import user_cache_dir
-
-    cache = user_cache_dir()
-    if cache is None:
-        yield True
-        return
-    import fcntl
-
-    folder = cache / "generator"
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    digest = hashlib.sha256(str(mem.project.root).encode()).hexdigest()[:16]
-    fd = os.open(folder / f"hype-{digest}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
-
-
 def fill(mem: "Memory", *, limit: int | None = None) -> dict[str, Any]:
     """Generate the questions of up to ``limit`` waiting records (all when None) and append them
     (``memory-hype``; see module docstring)."""
@@ -109,7 +76,7 @@ def fill(mem: "Memory", *, limit: int | None = None) -> dict[str, Any]:
                           details={"key": "memory.generator.questions"})
     done: list[str] = []
     degraded: dict[str, Any] | None = None
-    with _one_worker(mem) as alone:
+    with only_worker("hype", mem.project.root) as alone:
         if not alone:
             return {"busy": True, "generated": [], "questions": 0, "waiting": len(waiting(mem.scan())),
                     "requests": 0, "degraded": None}
@@ -162,47 +129,10 @@ def kept_ops(scan: LogScan) -> list[dict[str, Any]]:
             for p, q in sorted(scan.questions.items()) if p not in scan.dead]
 
 
-_children: set["subprocess.Popen[bytes]"] = set()  # started here and not yet reaped
-_children_lock = threading.Lock()
-
-
-def running() -> "list[subprocess.Popen[bytes]]":
-    """The ``memory-hype`` processes this process started that have not exited yet (the tests wait for them)."""
-    with _children_lock:
-        return list(_children)
-
-
-def _reap(proc: "subprocess.Popen[bytes]") -> None:
-    """Wait for a started worker so that a long-running server (memory-http, MCP) keeps no zombie."""
-    try:
-        proc.wait()
-    finally:
-        with _children_lock:
-            _children.discard(proc)
-
-
 def kick(mem: "Memory") -> bool:
     """After a write that added records: start a detached ``memory-hype`` for this project when HyPE runs in
-    the background; whether one was started.  A failure to start costs nothing but waiting questions.
-
-    The project is not trusted: ``python -m`` would put the working directory (often the project) first on
-    ``sys.path``, so a repository's ``orjson.py`` would run.  The worker starts with ``-P`` (no unsafe path
-    is prepended; ``PYTHONPATH`` and the user's site-packages, both the user's own, still serve) in a folder
-    of this user (the cache folder, else ``/``), and a daemon thread reaps it."""
-    from ..userdirs import user_cache_dir
-
+    the background (``background.py``); whether one was started."""
     settings = mem.config.generator
     if not (settings.enabled and settings.questions > 0 and settings.background):
         return False
-    cache = user_cache_dir()
-    try:
-        argv = [sys.executable, "-P", "-m", "nubos_memory", VERB, "--root", os.path.abspath(mem.project.root)]
-        proc = subprocess.Popen(argv, cwd=str(cache) if cache is not None else "/", stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                                close_fds=True)
-    except OSError:
-        return False
-    with _children_lock:
-        _children.add(proc)
-    threading.Thread(target=_reap, args=(proc,), name="memory-hype-reaper", daemon=True).start()
-    return True
+    return start(VERB, mem.project.root)

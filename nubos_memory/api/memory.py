@@ -44,7 +44,7 @@ from ..records import (
 )
 from ..search.snapshot import Snapshot
 from ..store import open_store, parse_duration, scope
-from . import usermemory
+from . import background, usermemory
 from .anchors import AnchorCheck, stamp_anchors, verify_anchors, weigh_freshness
 from .gitstate import BranchFilter, GitState, mark_merged
 from .hype import kept_ops, kick
@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     )
 
 
+SETTLE_VERB = "memory-settle"
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -125,6 +126,7 @@ class Memory:
         self.snap = Snapshot(self.store)
         self._embedder = embedder
         self.vectors = VectorSync(self.snap, self.store, lambda: self.embedder, self.config)
+        self._settle_later = False  # a due estimate goes to a background memory-settle (leave_to_background)
         self.git = GitState(project.root)  # where in git records are written (asked at most once a second)
         self.writes = WritePath(self.snap, self.store, self.vectors, self.config, self.git)
         self._branch = BranchFilter(self.git)
@@ -203,6 +205,10 @@ class Memory:
                                    progress=progress)
         if result["added"] and self.config.generator.enabled:  # HyPE: the new records' questions follow
             kick(self)
+        if self.vectors.estimate_left and self._settle_later:
+            self.vectors.estimate_left = False
+            if not background.busy("settle", self.project.root):
+                background.start(SETTLE_VERB, self.project.root)
         return result
 
     def sync_vectors(self, allowed: "np.ndarray | None", *, budget_s: float | None = None) -> "VectorState":
@@ -543,6 +549,30 @@ class Memory:
         self.require_enabled()
         self.store.prepare()
         return Rebuild(self.snap, self.store, self.vectors, self.config).run(self.scan(), progress, reembed=reembed)
+
+    @_answer
+    def settle(self) -> dict[str, Any]:
+        """Make what writes left to later (``memory-settle``): the side-weight estimate when it is due,
+        committed with the current rows (which merges their segments), else a merge of any segments —
+        what ``memory-serve`` does when idle, and what a one-shot write starts in the background instead
+        of waiting for it (``leave_to_background``).  One runs per project at a time."""
+        from .background import only_worker
+        from .stats import side_weight
+
+        self.require_enabled()
+        with only_worker("settle", self.project.root) as alone:
+            if not alone:
+                return {"busy": True, "committed": False, "side_weight": side_weight(self.config,
+                                                                                       self.store.read_manifest())}
+            self.scan()
+            committed = self.vectors.idle(SETTLE_VERB, 1)
+        return {"busy": False, "committed": committed, "side_weight": side_weight(self.config, self.store.read_manifest())}
+
+    def leave_to_background(self) -> None:
+        """A one-shot process's writes never wait for a side-weight estimate: one that comes due is made by
+        a detached ``memory-settle`` (``background.py``) after the write."""
+        self.vectors.defer_side_weight = True
+        self._settle_later = True
 
     @_answer
     def compact(self, progress: Reporter | None = None) -> dict[str, Any]:

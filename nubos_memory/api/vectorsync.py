@@ -67,8 +67,10 @@ class VectorSync:
         self.params = HnswParams(config.hnsw_m, config.hnsw_ef_construction, config.hnsw_ef_search)
         self.shared = 0  # vectors the last embed() took from the store instead of the model
         self.invalid = 0  # vectors the model gave that were not usable (NaN, zero), in the last sync
-        # True in memory-serve's writer: a write never waits for a side-weight estimate; :meth:`idle` makes it
+        # True in memory-serve's writer and a one-shot CLI process: a write never waits for a side-weight
+        # estimate; :meth:`idle` makes it (the server when idle, else a background ``memory-settle``)
         self.defer_side_weight = False
+        self.estimate_left = False  # a write left an estimate that is due to :meth:`idle`
 
     @property
     def embedder(self) -> "Embedder":
@@ -224,8 +226,11 @@ class VectorSync:
         if not snap.unsigned:  # without a signing key nothing derived is written: vectors stay in memory
             # A write re-estimates the side weight when it is due, before the lock: the estimate
             # embeds up to 200 texts, and no other writer should wait for that.
-            side = self.side_weight(state.manifest, state.index, state.labels, state.extra) \
-                if blocking and not self.defer_side_weight else None
+            side = None
+            if blocking and not self.defer_side_weight:
+                side = self.side_weight(state.manifest, state.index, state.labels, state.extra)
+            elif blocking and self._estimated(state.manifest, state.labels, state.extra) is not None:
+                self.estimate_left = True
             self._persist(state, [p for p in todo if p in known], blocking=blocking, verb=verb, side=side)
 
     def _shared_for(self, positions: list[int]) -> dict[int, np.ndarray]:
@@ -281,18 +286,10 @@ class VectorSync:
         the live records with a vector grew by 25 % since the last one; else None (the manifest keeps
         it).  A write's cost: below 20 pseudo-queries nothing is embedded; a model that fails keeps
         the old estimate."""
-        if self.config.side_weights != "auto":
+        positions = self._estimated(manifest, labels, extra)
+        if positions is None:
             return None
         snap = self.snap
-        alive = np.asarray(snap.alive, dtype=bool)
-        has = np.zeros(len(alive), dtype=bool)
-        n = min(len(labels), len(alive))
-        has[:n] = labels[:n] >= 0
-        has[[p for p in extra if p < len(has)]] = True
-        has &= alive
-        if not due((manifest or {}).get("side_weight"), int(has.sum())):  # (counted without a Python loop)
-            return None
-        positions = np.flatnonzero(has).tolist()
         rows = np.stack([extra[p] if p in extra or current is None else current.row(int(labels[p])) for p in positions]) \
             if positions else np.zeros((0, self.embedder.dim), dtype=np.float32)
         try:
@@ -301,6 +298,23 @@ class VectorSync:
                             embed_query=self.embedder.embed_query)
         except EmbeddingError:
             return None
+
+    def _estimated(self, manifest: "Manifest | None", labels: np.ndarray, extra: dict[int, np.ndarray]
+                   ) -> list[int] | None:
+        """The live records with a vector a side-weight estimate is made over, when one is due (the
+        setting is ``auto`` and they grew by 25 % since the last); else None."""
+        if self.config.side_weights != "auto":
+            return None
+        alive = np.asarray(self.snap.alive, dtype=bool)
+        has = np.zeros(len(alive), dtype=bool)
+        n = min(len(labels), len(alive))
+        has[:n] = labels[:n] >= 0
+        has[[p for p in extra if p < len(has)]] = True
+        has &= alive
+        if not due((manifest or {}).get("side_weight"), int(has.sum())):  # (counted without a Python loop)
+            return None
+        positions: list[int] = np.flatnonzero(has).tolist()
+        return positions
 
     def _sync_questions(self, state: VectorState, verb: str) -> None:
         """Make the generation's HyPE question vectors (``api/hype.py``) those of the log: embed the

@@ -358,6 +358,13 @@ def _rebuild(ctx: Context, request: Request) -> Any:
     return _memory(ctx, request).rebuild(ctx.progress, reembed=bool(request.get("reembed")))
 
 
+@verb("memory-settle", "make what writes left to later: the side-weight estimate when it is due, and a merge of "
+      "segments (a one-shot write starts this in the background; memory-serve does it when idle)", served=False,
+      writes=True)
+def _settle(ctx: Context, request: Request) -> Any:
+    return _memory(ctx, request).settle()
+
+
 @verb("memory-hype", "generator: write the questions each record answers (HyPE) for the records still waiting; "
       "a write starts this in the background when memory.generator is on", P.HYPE, served=False, writes=True)
 def _hype(ctx: Context, request: Request) -> Any:
