@@ -84,10 +84,11 @@ class RecordList(Sequence[Record]):
     def __setitem__(self, index: int, rec: Record) -> None:
         if index < 0:
             index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("record position out of range")
         if index >= self._kept:
             self._tail[index - self._kept] = rec
             return
-        self[index]  # (range check)
         self._decoded[index] = rec
         for name, values in self._columns.items():
             values[index] = rec.get(name)

@@ -49,6 +49,11 @@ def test_it_behaves_as_the_list_it_replaces():
         assert got.values(name) == [r.get(name) for r in [recs[0], moved, *recs[2:]]]
         assert got.values(name, 5) == [r.get(name) for r in recs[5:]]
         assert got.values(name, 8) == []
+    with pytest.raises(IndexError):
+        got[-9] = extra  # (before the first: never a column written through a wrapped index)
+    with pytest.raises(IndexError):
+        got[8] = extra
+    assert got == [recs[0], moved, *recs[2:]] and got.values("id")[0] == "r0"
     again = RecordList(*got.encode())  # a list that was read, replaced and appended to encodes all of it
     assert list(again) == [recs[0], moved, *recs[2:]]
 

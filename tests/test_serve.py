@@ -317,3 +317,41 @@ def test_a_server_lost_after_it_took_a_write_is_reported_never_redone(project):
     thread = fake_server(writes=False)
     assert client.quick(["memory-query", "--root", str(project), "x"]) is None  # the CLI runs it here
     thread.join(10)
+
+
+def test_the_server_never_reads_its_own_stdin_or_a_file_for_a_client(project, tmp_path):
+    """Files a command line names are read by the caller (``verbs.prepare``), the server's standard input
+    never: ``--body-file -`` and ``/dev/stdin`` are the client's (found by review)."""
+    index_records(project, CORPUS)
+    proc = subprocess.Popen([sys.executable, "-m", "nubos_memory", "memory-serve", "--root", str(project)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        proc.stdin.write("SERVER'S OWN STDIN\n")
+        proc.stdin.flush()  # (left open: a server that read it would wait for more)
+        assert '"serving"' in proc.stderr.readline()
+        (tmp_path / "-").write_text("a file named dash")
+        bodies = []
+        for named in ("-", "/dev/stdin"):
+            add = run_sub(["memory-add", "--root", str(project), "--type", "learning", "--title", f"via {named}",
+                           "--body-file", named], stdin=f"client stdin for {named}\n", cwd=tmp_path, timeout=30)
+            assert add.code == 0, add.err
+            bodies.append(in_process("memory-get", "--root", str(project), add.json["id"]).json["records"][0]
+                          ["record"]["body"])
+        assert bodies == ["client stdin for -", "client stdin for /dev/stdin\n"]
+        helped = run_sub(["memory-query", "--root", str(project), "--hel"])  # an abbreviation of --help
+        assert helped.code == 0 and helped.out.startswith("usage: np-tools memory-query")
+        assert stop(proc)["stopped"]  # its stdout holds its summary alone: no help was printed there
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_an_abbreviated_root_is_left_to_the_cli():
+    from nubos_memory.interfaces import client
+
+    assert client._root_argument(["memory-query", "--ro", "x", "q"]) == (False, None)
+    assert client._root_argument(["memory-query", "--roo=x", "q"]) == (False, None)
+    assert client._root_argument(["memory-query", "--root", "a", "--root=b"]) == (True, "b")
+    assert client._root_argument(["memory-query", "--", "--ro"]) == (True, None)

@@ -36,6 +36,18 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}", details={"usage": self.format_usage().strip()})
 
 
+class _Printing(Exception):
+    """What a quiet parser raises where argparse would print (``--help``): the caller's CLI prints it."""
+
+
+class _QuietParser(_Parser):
+    """A parser for another process's command line (``memory-serve``): it never writes to this
+    process's streams."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        raise _Printing()
+
+
 # Set (to anything): a one-shot write that makes a side-weight estimate due makes it itself, as the library
 # does, instead of leaving it to a background memory-settle (the test suite sets it: no stray workers).
 SETTLE_INLINE = "NUBOS_MEMORY_SETTLE_INLINE"
@@ -144,10 +156,12 @@ def launch(name: str, request: Request) -> tuple[int, str, Any]:
     return answered(lambda: LAUNCHERS[name][1](request), request)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="np-tools", description="nubos-memory: long-term memory for AI coding agents. "
-                     "Every verb prints one JSON document on stdout; errors are JSON on stderr.")
-    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
+    """The CLI's parser (``quiet``: one that raises instead of printing help: ``_QuietParser``)."""
+    kind = _QuietParser if quiet else _Parser
+    parser = kind(prog="np-tools", description="nubos-memory: long-term memory for AI coding agents. "
+                  "Every verb prints one JSON document on stdout; errors are JSON on stderr.")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=kind)
     for name, v in COMMANDS.items():
         p = sub.add_parser(name, help=v.help, description=v.help)
         p.add_argument("--root", help="project root (default: $NUBOS_PILOT_ROOT or nearest folder with .nubos-pilot/)")
@@ -272,10 +286,11 @@ def execute(name: str, request: Request, untrusted: dict[str, str] | None = None
     return code, stream, doc
 
 
-def parse(argv: Sequence[str]) -> tuple[str, Request]:
-    """A command line's verb and request (UsageError: not a valid one)."""
+def parse(argv: Sequence[str], quiet: bool = False) -> tuple[str, Request]:
+    """A command line's verb and request (UsageError: not a valid one; ``quiet``: another process's, so
+    what argparse would print raises instead)."""
     check_arguments(argv)
-    args = build_parser().parse_args(argv)
+    args = build_parser(quiet).parse_args(argv)
     if not args.verb:
         raise UsageError("a verb is required", details={"verbs": sorted(COMMANDS)})
     return args.verb, {k: v for k, v in vars(args).items() if k != "verb"}

@@ -157,6 +157,9 @@ def _root_argument(argv: list[str]) -> tuple[bool, str | None]:
     for i, arg in enumerate(argv):
         if arg == "--":
             break
+        flag = arg.split("=", 1)[0]
+        if flag != "--root" and len(flag) > 2 and "--root".startswith(flag):
+            return False, None  # an abbreviation argparse may take for --root
         if arg == "--root":
             if i + 1 >= len(argv):
                 return False, None

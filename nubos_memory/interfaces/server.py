@@ -42,7 +42,7 @@ from ..errors import InputError, UsageError, failure
 from ..fsio import DIR_MODE, FILE_MODE, dumps, loads
 from ..roots import find_root
 from .client import connect, peer_uid, recv_frame, send_frame, socket_path
-from .verbs import VERBS, Context, needs_stdin, run
+from .verbs import VERBS, Context, from_caller, run
 from .warm import WarmMemory, catch_up_forever
 
 LOCK_NAME = "serve.lock"
@@ -158,16 +158,16 @@ class Server:
             send_frame(conn, dumps({"code": code, "stream": stream, "out": cli.render(doc)}))
 
         try:
-            name, request = cli.parse(argv)
+            name, request = cli.parse(argv, quiet=True)
         except UsageError as exc:
             accept(False)
             answer((exc.exit_code, "stderr", {"error": exc.to_dict()}))
             return True
-        except BaseException:  # noqa: BLE001 - argparse's --help or --version exits: the CLI prints them
+        except BaseException:  # noqa: BLE001 - what argparse would print (--help, abbreviated too): the CLI prints it
             send_frame(conn, dumps({"fallback": True}))
             return False
         verb = VERBS.get(name)
-        if verb is None or not verb.served or verb.long or needs_stdin(name, request) \
+        if verb is None or not verb.served or verb.long or from_caller(name, request) \
                 or not os.path.isabs(cwd) or not self._ours(request.get("root"), cwd):
             send_frame(conn, dumps({"fallback": True}))
             return False

@@ -110,24 +110,24 @@ def read_stdin() -> str | None:
         raise InputError("standard input is not UTF-8 text", code=codes.STDIN_UNREADABLE) from None
 
 
-def needs_stdin(name: str, request: Request) -> bool:
-    """Whether this request is completed from the calling process's standard input (``prepare``)."""
+def from_caller(name: str, request: Request) -> bool:
+    """Whether this request is completed from the calling process: its standard input, or a file it names
+    (``prepare`` reads them there: a server never opens a path a client gave, which could be its own
+    ``/dev/stdin``, a FIFO, or a file relative to another working directory)."""
     if name == "memory-add":
-        return request.get("body") is None and request.get("body_file") is None
-    return name == "memory-index" and request.get("records_file") == "-"
+        return request.get("body_file") is not None or request.get("body") is None
+    return name == "memory-index"
 
 
 def prepare(name: str, request: Request, cwd: str | None = None) -> None:
     """Make a request self-contained, before it runs here or is sent to ``memory-serve``: standard
-    input read (unless memory is off: then nothing is read), files named relative to the caller's
-    working directory made absolute, and a record id fixed (so a retry cannot store it twice).
-    ``cwd``: that working directory when it is another process's (``memory-serve`` answering a command
-    line), whose standard input is not this one's: a request that ``needs_stdin`` is refused then."""
-    def absolute(path: str) -> str:
-        return os.path.abspath(os.path.join(cwd, path) if cwd is not None else path)
-
+    input and the files it names read (unless memory is off: then nothing is read), a transcript's
+    path made absolute, and a record id fixed (so a retry cannot store it twice).  ``cwd``: the
+    caller's working directory when it is another process's (``memory-serve`` answering a command
+    line): a request ``from_caller`` is refused then."""
     if name == "memory-harvest" and isinstance(request.get("transcript"), str):
-        request["transcript"] = absolute(request["transcript"])
+        request["transcript"] = os.path.abspath(os.path.join(cwd, request["transcript"]) if cwd is not None
+                                                else request["transcript"])
     if name not in VERBS or not VERBS[name].stdin:
         return
     from ..config import load_project
@@ -137,16 +137,34 @@ def prepare(name: str, request: Request, cwd: str | None = None) -> None:
                             "to enable it")
     if name == "memory-add" and request.get("body") is not None and request.get("body_file") is not None:
         raise UsageError("give --body or --body-file, not both")
-    if needs_stdin(name, request):
+    if from_caller(name, request):
         if cwd is not None:
-            raise RuntimeError(f"{name} reads its caller's standard input: it cannot be answered for another process")
-        request["stdin_text"] = read_stdin()
+            raise RuntimeError(f"{name} reads its caller's input: it cannot be answered for another process")
+        _read_input(name, request)
     if name == "memory-add" and request.get("id") is None:
         request["id"] = str(uuid.uuid4())
-    for key in ("body_file", "records_file"):
-        value = request.get(key)
-        if value not in (None, "-"):
-            request[key] = absolute(value)
+
+
+def _read_input(name: str, request: Request) -> None:
+    """In the caller's process: standard input, or the file named (``-``: standard input), into the request."""
+    named = request.get("body_file" if name == "memory-add" else "records_file")
+    if named in (None, "-"):
+        request["stdin_text"] = read_stdin()
+        if name == "memory-add":
+            request["body_file"] = None
+    elif name == "memory-add":
+        request["body"], request["body_file"] = read_text_file(os.path.abspath(named), "body-file", MAX_BODY), None
+    else:
+        from .batchfile import MAX_BATCH_BYTES, parse_batch
+
+        data = read_file(os.path.abspath(named), "records-file", MAX_BATCH_BYTES)
+        try:
+            request["stdin_text"] = data.decode("utf-8") if len(data) <= MAX_BATCH_BYTES else None
+        except UnicodeDecodeError:
+            request["stdin_text"] = None
+        if request["stdin_text"] is None:
+            parse_batch(data, named)  # (raises the error that names the line, or the size)
+        request["records_file"] = os.path.abspath(named)  # (named in the answer's errors)
 
 
 def run(name: str, request: Request, ctx: Context) -> tuple[int, str, Any]:
@@ -243,7 +261,7 @@ def _index(ctx: Context, request: Request) -> Any:
     path = request.get("records_file")
     if path is None:
         raise UsageError("--records-file is required")
-    if path == "-":
+    if path == "-" or request.get("stdin_text") is not None:  # (read by the caller: ``prepare``)
         data = (request.get("stdin_text") or "").encode("utf-8", "surrogateescape")[: MAX_BATCH_BYTES + 1]
     else:
         data = read_file(path, "records-file", MAX_BATCH_BYTES)

@@ -144,6 +144,7 @@ class WarmMemory:
             if not mem.config.enabled:
                 return 0
             mem.scan()
+            self._follow_reader()
             state = mem.vectors.sync(None, cap=mem.config.max_pending_embed, blocking=False, verb="memory-serve",
                                      budget_s=budget_s)
             if state.degraded is not None or not state.indexed:
@@ -155,6 +156,16 @@ class WarmMemory:
             return 0
         finally:
             self._write_lock.release()
+
+    def _follow_reader(self) -> None:
+        """The reader reads what the log became when no query holds it, as the writer did: a log rewritten
+        by a redaction elsewhere is read again now, so the old state (and a mapped checkpoint file that
+        held the redacted text) is let go without waiting for the next query."""
+        if self._read_lock.acquire(blocking=False):
+            try:
+                self._reader.scan()
+            finally:
+                self._read_lock.release()
 
     def idle(self, mem: "Memory") -> None:
         """Under the write lock, nothing to embed, no request lately: make a side-weight estimate that
