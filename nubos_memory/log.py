@@ -118,7 +118,7 @@ class LogScan:
     applied: int = 0  # bytes applied: every line before them is in this state
     cursor: Any = None  # where the store that reads this log stopped (its own, opaque here)
     generation: int = 0  # bumped on a full re-parse: positions of records may have changed
-    position: dict[str, int] = field(default_factory=dict)  # record id -> its latest index in ``records``
+    _position: dict[str, int] | None = None  # (``position``, made from the records' ids on first use)
     line_of: list[int] = field(default_factory=list)  # index in ``records`` -> 1-based line number
     dead: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> why it is dead
     deaths: list[int] = field(default_factory=list)  # dead indexes in the order they died
@@ -133,6 +133,15 @@ class LogScan:
     # first need (``fill_content_hashes``: a vector search, a checkpoint) and kept with the state in a
     # checkpoint (store/checkpoint.py), so a new process need not make them again; records never change
     content_hashes: list[str] = field(default_factory=list)
+
+    @property
+    def position(self) -> dict[str, int]:
+        """Record id -> its latest index in ``records`` (a record line is applied only when its id is new
+        or retired, so the last record with an id is its latest; a restored state makes it when first
+        asked: a one-shot query at a million records never does)."""
+        if self._position is None:
+            self._position = dict(zip(self.records.values("id"), range(len(self.records))))
+        return self._position
 
     def question_map(self) -> dict[str, list[str]]:
         """HyPE: record id -> the questions generated for it, for every live record that has them."""
@@ -615,7 +624,7 @@ def read(data: bytes) -> LogScan:
 _NOT_KEPT = ("cursor", "generation", "partial_tail")
 _INT_KEYS = ("dead", "questions")  # dicts keyed by record position: kept as [position, value] pairs
 _INT_SETS = ("hot", "redaction_checked")
-_BESIDE = ("records", "position")  # kept beside the document by ``kept_state`` (position: from the ids)
+_BESIDE = ("records", "_position")  # kept beside the document by ``kept_state`` (position: from the ids)
 
 
 def state_doc(scan: LogScan) -> dict[str, Any]:
@@ -659,8 +668,7 @@ def from_kept_state(doc: dict[str, Any], records: RecordList) -> LogScan:
         elif f.name == "redacted":
             value = {rid: {**info, "hashes": set(info["hashes"])} for rid, info in value.items()}
         kept[f.name] = value
-    # an id's latest position (a record line is applied only when its id is new or retired)
-    scan = LogScan(records=records, position=dict(zip(records.values("id"), range(len(records)))), **kept)
+    scan = LogScan(records=records, **kept)  # (its ``position`` made from the ids when first asked)
     if not (isinstance(scan.applied, int) and len(scan.line_of) == len(scan.records)
             and isinstance(scan.content_hashes, list) and len(scan.content_hashes) <= len(scan.records)):
         raise ValueError("not a log state")

@@ -29,20 +29,17 @@ SAMPLE_PAIRS = 20_000  # adjacent pairs looked at to estimate κ in a large memo
 
 
 def live_neighbours(alive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each position, the previous and the next live position (-1: none)."""
+    """For each position, the previous and the next live position (-1: none): the last live position
+    up to each one, and the first from each one, each in one pass."""
     n = len(alive)
-    live = np.flatnonzero(alive)
     prev = np.full(n, -1, dtype=np.int64)
     nxt = np.full(n, -1, dtype=np.int64)
-    if len(live) == 0:
+    if n == 0 or not alive.any():
         return prev, nxt
-    # position p's previous live record is the last live one before it
-    before = np.searchsorted(live, np.arange(n), side="left") - 1
-    has_prev = before >= 0
-    prev[has_prev] = live[before[has_prev]]
-    after = np.searchsorted(live, np.arange(n), side="right")
-    has_next = after < len(live)
-    nxt[has_next] = live[after[has_next]]
+    at = np.arange(n, dtype=np.int64)
+    prev[1:] = np.maximum.accumulate(np.where(alive, at, -1))[:-1]  # the last live one before p
+    first = np.minimum.accumulate(np.where(alive, at, n)[::-1])[::-1]  # the first live one at or after p
+    nxt[:-1] = np.where(first[1:] < n, first[1:], -1)
     return prev, nxt
 
 
