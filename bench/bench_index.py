@@ -94,8 +94,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     benchdata.add_flag(ap)
     args = ap.parse_args()
-    base = real_texts(1000, benchdata.scifact(args.datasets))
-    shapes = {"short": [r for r in base if r["title"].endswith(")")][:384] or base[:384], "long": base[:192]}
+    base = real_texts(6000, benchdata.scifact(args.datasets))  # the abstracts, then single sentences of them
+    shapes = {"short": [r for r in base if " (finding " in r["title"]][:384], "long": base[:192]}
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "machine": f"{platform.machine()} {os.cpu_count()} cpu", "shapes": {}}
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-index-{os.getpid()}.json"

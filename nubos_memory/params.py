@@ -376,6 +376,7 @@ HARVEST = (Param("transcript", str, "a JSONL file of turns ({role, content}) or 
 
 QUERY_PARAMS = {p.name: p for p in QUERY}
 
+SETTLE = (WRITE_SCOPE,)
 PIN = (Param("ids", list, "record ids to pin: memory-context includes them in every block", required=True,
              cli="positional", nargs="+", metavar="ID", text=RECORD_ID, min_items=1, max_items=MAX_FORGET),
        WRITE_SCOPE)

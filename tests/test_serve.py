@@ -355,3 +355,19 @@ def test_an_abbreviated_root_is_left_to_the_cli():
     assert client._root_argument(["memory-query", "--roo=x", "q"]) == (False, None)
     assert client._root_argument(["memory-query", "--root", "a", "--root=b"]) == (True, "b")
     assert client._root_argument(["memory-query", "--", "--ro"]) == (True, None)
+
+
+def test_a_prepared_request_naming_a_file_is_refused(served):
+    """Only the caller opens the files it names: a request that still names one (not from this CLI) is
+    refused, never opened by the server (found by review)."""
+    from nubos_memory.interfaces import client
+
+    root, proc = served
+    for args in ({"type": "learning", "title": "x", "body_file": "/dev/stdin"},
+                 {"records_file": "/dev/stdin"}):
+        verb = "memory-add" if "body_file" in args else "memory-index"
+        with client.connect(root / ".nubos-pilot/memory/serve.sock", timeout=10) as sock:
+            client.send_message(sock, {"verb": verb, "args": args})
+            reply = client.recv_message(sock)
+        assert reply["code"] == 2 and reply["doc"]["error"]["code"] == "usage", reply
+    stop(proc)

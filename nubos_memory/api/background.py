@@ -15,12 +15,13 @@ this user (the cache folder, else ``/``), and a daemon thread reaps it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -43,14 +44,14 @@ def _reap(proc: "subprocess.Popen[bytes]") -> None:
             _children.discard(proc)
 
 
-def start(verb: str, root: Path) -> bool:
-    """Start ``np-tools <verb> --root <root>`` detached; whether it started (a failure costs nothing but
-    the work waiting for the next one)."""
+def start(verb: str, root: Path, extra: Sequence[str] = ()) -> bool:
+    """Start ``np-tools <verb> --root <root> <extra...>`` detached; whether it started (a failure costs
+    nothing but the work waiting for the next one)."""
     from ..userdirs import user_cache_dir
 
     cache = user_cache_dir()
     try:
-        argv = [sys.executable, "-P", "-m", "nubos_memory", verb, "--root", os.path.abspath(root)]
+        argv = [sys.executable, "-P", "-m", "nubos_memory", verb, "--root", os.path.abspath(root), *extra]
         proc = subprocess.Popen(argv, cwd=str(cache) if cache is not None else "/", stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                 close_fds=True)
@@ -74,14 +75,21 @@ def only_worker(kind: str, root: Path) -> Iterator[bool]:
     import fcntl
 
     folder = cache / "generator"  # (where the first kind's locks were, kept for every kind)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     digest = hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    fd = os.open(folder / f"{kind}-{digest}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(folder / f"{kind}-{digest}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:  # no lock file to be had (a full disk, a file in the way): as without a cache
+        yield True
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            yield False
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                yield False  # another holds it
+                return
+            yield True  # a file system without locks: as without a cache
             return
         yield True
     finally:

@@ -127,6 +127,7 @@ class Memory:
         self._embedder = embedder
         self.vectors = VectorSync(self.snap, self.store, lambda: self.embedder, self.config)
         self._settle_later = False  # a due estimate goes to a background memory-settle (leave_to_background)
+        self._settle_root = project.root
         self.git = GitState(project.root)  # where in git records are written (asked at most once a second)
         self.writes = WritePath(self.snap, self.store, self.vectors, self.config, self.git)
         self._branch = BranchFilter(self.git)
@@ -150,6 +151,8 @@ class Memory:
             from .usermemory import open_user
 
             self._user = open_user(self, create=create)
+            if self._settle_later:
+                self._user.leave_to_background(self.project.root)
         return self._user
 
     # -- plumbing ------------------------------------------------------------------
@@ -205,11 +208,22 @@ class Memory:
                                    progress=progress)
         if result["added"] and self.config.generator.enabled:  # HyPE: the new records' questions follow
             kick(self)
-        if self.vectors.estimate_left and self._settle_later:
-            self.vectors.estimate_left = False
-            if not background.busy("settle", self.project.root):
-                background.start(SETTLE_VERB, self.project.root)
+        self._settle_in_background()
         return result
+
+    def _settle_in_background(self) -> None:
+        """After a write: the side-weight estimate it made due, left to a detached ``memory-settle``
+        (``leave_to_background``), unless one runs already (it makes what is due when it has committed).
+        Never fails the write, which is committed: a worker that cannot start costs the estimate's wait."""
+        if not (self.vectors.estimate_left and self._settle_later):
+            return
+        self.vectors.estimate_left = False
+        scope = ["--scope", "user"] if self.name == usermemory.USER else []
+        try:
+            if not background.busy("settle", self.project.root):  # (the worker's lock is its memory's)
+                background.start(SETTLE_VERB, self._settle_root, scope)
+        except OSError:
+            pass
 
     def sync_vectors(self, allowed: "np.ndarray | None", *, budget_s: float | None = None) -> "VectorState":
         """For a query: the vector layer, with what it lacks among ``allowed`` embedded (within a budget)."""
@@ -564,15 +578,21 @@ class Memory:
             if not alone:
                 return {"busy": True, "committed": False, "side_weight": side_weight(self.config,
                                                                                        self.store.read_manifest())}
-            self.scan()
-            committed = self.vectors.idle(SETTLE_VERB, 1)
+            committed = False
+            for _ in range(2):  # (writes while it estimated may have made another one due: once more)
+                self.scan()
+                if not self.vectors.idle(SETTLE_VERB, 1, wait=True):
+                    break
+                committed = True
         return {"busy": False, "committed": committed, "side_weight": side_weight(self.config, self.store.read_manifest())}
 
-    def leave_to_background(self) -> None:
+    def leave_to_background(self, root: Path | None = None) -> None:
         """A one-shot process's writes never wait for a side-weight estimate: one that comes due is made by
-        a detached ``memory-settle`` (``background.py``) after the write."""
+        a detached ``memory-settle`` (``background.py``) after the write.  ``root``: the project it is
+        started for (the user memory's: the project whose CLI call wrote it, with ``--scope user``)."""
         self.vectors.defer_side_weight = True
         self._settle_later = True
+        self._settle_root = root or self.project.root
 
     @_answer
     def compact(self, progress: Reporter | None = None) -> dict[str, Any]:
@@ -766,6 +786,7 @@ class Memory:
                              details={"path": str(source)}) from None
         events = history(theirs)
         out = self.writes.replay(events, verb="memory-import", progress=stage(progress, "embedding"))
+        self._settle_in_background()
         return {"imported": out["added"], "already_present": out["skipped"], "retired": len(out["forgotten"]),
                 "source_lines": theirs.lines, "skipped_lines": len(theirs.corrupt) + len(theirs.duplicates),
                 "degraded": out["degraded"], "warnings": theirs.warnings() + out["warnings"]}

@@ -352,22 +352,25 @@ class VectorSync:
                               questions=Questions(Pieces.of_labels(by_label, dim), keep))
             state.manifest, state.index, state.labels = self.snap.vectors()
 
-    def idle(self, verb: str, merge_at: int, waiting: Callable[[], bool] = lambda: False) -> bool:
-        """What a long-lived process does when no request waits (``memory-serve``): a side-weight estimate
-        that is due (the writes it serves left it to now: ``defer_side_weight``), committed with the
-        current rows, which also merges their segments; else a merge once there are ``merge_at``
-        segments.  ``waiting``: whether a request now waits (then nothing more is started).  Returns whether
-        it committed."""
+    def idle(self, verb: str, merge_at: int, waiting: Callable[[], bool] = lambda: False, *,
+             wait: bool = False) -> bool:
+        """What a long-lived process does when no request waits (``memory-serve``), and ``memory-settle``:
+        a side-weight estimate that is due (the writes it serves left it to now: ``defer_side_weight``),
+        committed with the current rows, which also merges their segments; else a merge once there are
+        ``merge_at`` segments.  ``waiting``: whether a request now waits (then nothing more is started).
+        ``wait``: for the write lock (a background worker: nobody waits for it), else only if it is free.
+        Returns whether it committed."""
         if self.config.side_weights == "auto" and not self.snap.unsigned:
             manifest, current, labels = self.snap.vectors()
             side = self.side_weight(manifest, current, labels, {}) if manifest is not None and current is not None \
                 else None
             if side is not None and not waiting():  # (made outside the store's lock: other processes write)
-                return self.merge_segments(verb, 0, side_weight=side, seen=(manifest or {}).get("side_weight"))
-        return False if waiting() else self.merge_segments(verb, merge_at)
+                return self.merge_segments(verb, 0, side_weight=side, seen=(manifest or {}).get("side_weight"),
+                                           wait=wait)
+        return False if waiting() else self.merge_segments(verb, merge_at, wait=wait)
 
     def merge_segments(self, verb: str, at_least: int = 1, side_weight: dict[str, Any] | None = None,
-                       seen: Any = None) -> bool:
+                       seen: Any = None, *, wait: bool = False) -> bool:
         """Merge the current generation's segments (at least ``at_least`` of them) into a new base
         generation, if the write lock is free now (``store/cache.py``: what a write does when they pass
         their bound; memory-serve does it when idle), with ``side_weight`` when given (None: the
@@ -377,8 +380,8 @@ class VectorSync:
 
         if len(segments_of(self.store.read_manifest())) < at_least:
             return False
-        with self.store.try_lock(verb) as got:
-            if not got:
+        with (self.store.lock(verb) if wait else self.store.try_lock(verb)) as got:
+            if got is False:
                 return False
             manifest, current, _ = self.snap.vectors()  # as it is now, under the lock
             if manifest is None or current is None or len(segments_of(manifest)) < at_least:

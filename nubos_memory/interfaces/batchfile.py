@@ -16,11 +16,17 @@ def _bad(message: str, line: int | None, excerpt: str | None, source: str) -> In
                       details={"source": source, "line": line, "excerpt": excerpt, "written": 0})
 
 
-def parse_batch(data: bytes, source: str = "-") -> list[Any]:
-    """Parse ``data`` as a JSON array of records, or as one JSON record per line.
+def parse_batch(data: bytes | str, source: str = "-") -> list[Any]:
+    """Parse ``data`` (the file's bytes, or its text as the caller read it) as a JSON array of records, or
+    as one JSON record per line.
 
     Nothing is written when this fails: the error names the first bad line.
     """
+    if isinstance(data, str):
+        if len(data) > MAX_BATCH_BYTES and len(data.encode("utf-8", "surrogatepass")) > MAX_BATCH_BYTES:
+            data = data.encode("utf-8", "surrogatepass")  # (too large: said below)
+        else:
+            return _parse_text(data, source)
     if len(data) > MAX_BATCH_BYTES:
         raise InputError(f"records file is larger than {MAX_BATCH_BYTES >> 20} MiB", code=codes.RECORDS_FILE_TOO_LARGE,
                          details={"source": source, "bytes": len(data)})
@@ -29,6 +35,10 @@ def parse_batch(data: bytes, source: str = "-") -> list[Any]:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise _bad(f"line {line} is not valid UTF-8", line, None, source) from None
+    return _parse_text(text, source)
+
+
+def _parse_text(text: str, source: str) -> list[Any]:
     if text.startswith("\ufeff"):
         text = text[1:]
     stripped = text.lstrip()

@@ -48,8 +48,8 @@ class _QuietParser(_Parser):
         raise _Printing()
 
 
-# Set (to anything): a one-shot write that makes a side-weight estimate due makes it itself, as the library
-# does, instead of leaving it to a background memory-settle (the test suite sets it: no stray workers).
+# "1": a one-shot write that makes a side-weight estimate due makes it itself, as the library does, instead of
+# leaving it to a background memory-settle (the test suite sets it: no stray workers).
 SETTLE_INLINE = "NUBOS_MEMORY_SETTLE_INLINE"
 
 
@@ -61,7 +61,7 @@ def open_memory(root: str | None) -> "Memory":
 
     mem = Memory.open(root)
     mem.snap.graph = False
-    if not os.environ.get(SETTLE_INLINE):
+    if os.environ.get(SETTLE_INLINE) != "1":
         mem.leave_to_background()  # a side-weight estimate a write makes due: a background memory-settle
     return mem
 

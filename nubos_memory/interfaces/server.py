@@ -48,6 +48,13 @@ from .warm import WarmMemory, catch_up_forever
 LOCK_NAME = "serve.lock"
 
 
+def _names_a_file(args: dict[str, Any]) -> bool:
+    """Whether a prepared request still names a file for the server to open (``verbs.prepare`` reads them
+    in the caller: a server never opens a path a client gave, which could be its own standard input)."""
+    return args.get("body_file") is not None or (args.get("records_file") not in (None, "-")
+                                                 and args.get("stdin_text") is None)
+
+
 class Server:
     def __init__(self, root: str | None, idle_timeout: float = 0.0):
         self.warm = WarmMemory(root)
@@ -118,8 +125,10 @@ class Server:
             except Exception:  # noqa: BLE001 - a broken request: nothing to answer
                 return False
             args["root"] = str(self.root)
-            if name not in VERBS or not VERBS[name].served:
-                code, envelope = failure(UsageError(f"{name!r} is not served by memory-serve"))
+            if name not in VERBS or not VERBS[name].served or _names_a_file(args):
+                why = f"{name!r} is not served by memory-serve" if name not in VERBS or not VERBS[name].served \
+                    else "a request to memory-serve carries the text of the files it names (the CLI reads them)"
+                code, envelope = failure(UsageError(why))
                 reply: dict[str, Any] = {"code": code, "stream": "stderr", "doc": envelope}
             else:
                 gone = threading.Event()

@@ -157,14 +157,15 @@ def _read_input(name: str, request: Request) -> None:
     else:
         from .batchfile import MAX_BATCH_BYTES, parse_batch
 
-        data = read_file(os.path.abspath(named), "records-file", MAX_BATCH_BYTES)
+        path = os.path.abspath(named)  # (named in the answer's errors)
+        data = read_file(path, "records-file", MAX_BATCH_BYTES)
         try:
             request["stdin_text"] = data.decode("utf-8") if len(data) <= MAX_BATCH_BYTES else None
         except UnicodeDecodeError:
             request["stdin_text"] = None
         if request["stdin_text"] is None:
-            parse_batch(data, named)  # (raises the error that names the line, or the size)
-        request["records_file"] = os.path.abspath(named)  # (named in the answer's errors)
+            parse_batch(data, path)  # (raises the error that names the line, or the size)
+        request["records_file"] = path
 
 
 def run(name: str, request: Request, ctx: Context) -> tuple[int, str, Any]:
@@ -261,8 +262,9 @@ def _index(ctx: Context, request: Request) -> Any:
     path = request.get("records_file")
     if path is None:
         raise UsageError("--records-file is required")
+    data: bytes | str
     if path == "-" or request.get("stdin_text") is not None:  # (read by the caller: ``prepare``)
-        data = (request.get("stdin_text") or "").encode("utf-8", "surrogateescape")[: MAX_BATCH_BYTES + 1]
+        data = request.get("stdin_text") or ""
     else:
         data = read_file(path, "records-file", MAX_BATCH_BYTES)
     return mem.index(parse_batch(data, path), force=bool(request.get("force")), progress=ctx.progress)
@@ -377,10 +379,10 @@ def _rebuild(ctx: Context, request: Request) -> Any:
 
 
 @verb("memory-settle", "make what writes left to later: the side-weight estimate when it is due, and a merge of "
-      "segments (a one-shot write starts this in the background; memory-serve does it when idle)", served=False,
-      writes=True)
+      "segments (a one-shot write starts this in the background; memory-serve does it when idle)", P.SETTLE,
+      served=False, writes=True)
 def _settle(ctx: Context, request: Request) -> Any:
-    return _memory(ctx, request).settle()
+    return _scoped(ctx, request).settle()
 
 
 @verb("memory-hype", "generator: write the questions each record answers (HyPE) for the records still waiting; "
