@@ -83,6 +83,7 @@ import secrets
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
+from itertools import compress
 from typing import Any, cast
 
 from . import codes
@@ -159,8 +160,13 @@ class LogScan:
         return sorted(p for p in self.hot if p not in self.dead)
 
     def ids(self) -> set[str]:
-        """Ids of live records."""
-        return {rid for rid, pos in self.position.items() if pos not in self.dead}
+        """Ids of live records (one live record per id at most: its retired versions add nothing)."""
+        if self._position is not None:
+            return {rid for rid, pos in self._position.items() if pos not in self.dead}
+        live = [True] * len(self.records)
+        for pos in self.dead:
+            live[pos] = False
+        return set(compress(self.records.values("id"), live))
 
     def live(self, rid: str) -> int | None:
         """The position of the live record with this id, if any."""

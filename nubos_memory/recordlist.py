@@ -101,6 +101,14 @@ class RecordList(Sequence[Record]):
     def append(self, rec: Record) -> None:
         self._tail.append(rec)
 
+    def value(self, index: int, name: str) -> Any:
+        """Field ``name`` of the record at ``index`` (None where it has none), from its column where there
+        is one."""
+        column = self._columns.get(name)
+        if column is not None and 0 <= index < self._kept:
+            return column[index]
+        return self[index].get(name)
+
     def values(self, name: str, start: int = 0) -> list[Any]:
         """Field ``name`` of every record from ``start`` on (None where a record has none), from its
         column where there is one, without decoding those records."""

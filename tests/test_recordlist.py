@@ -49,6 +49,7 @@ def test_it_behaves_as_the_list_it_replaces():
         assert got.values(name) == [r.get(name) for r in [recs[0], moved, *recs[2:]]]
         assert got.values(name, 5) == [r.get(name) for r in recs[5:]]
         assert got.values(name, 8) == []
+        assert [got.value(i, name) for i in range(8)] == got.values(name)
     with pytest.raises(IndexError):
         got[-9] = extra  # (before the first: never a column written through a wrapped index)
     with pytest.raises(IndexError):
@@ -62,6 +63,7 @@ def test_it_decodes_a_record_only_when_read_and_once():
     got = kept(records(100))
     assert got.decoded == 0
     assert got.values("id")[42] == "r42" and got.values("tags")[4] == ["g1"] and got.decoded == 0  # columns
+    assert got.value(7, "domain") is None and got.value(8, "domain") == "ops" and got.decoded == 0
     first = got[42]
     assert got.decoded == 1 and got[42] is first  # kept, as a list's item is the same object each time
     with pytest.raises(ValueError):

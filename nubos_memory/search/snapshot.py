@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -317,19 +317,18 @@ class Snapshot:
         index = self.index
         if index is None or self.scan is None:
             return
-        start = positions.start if isinstance(positions, range) else 0  # (the ids from there on)
-        ids = self.scan.records.values("id", start)
-        if start == 0 and isinstance(positions, range):
-            self._map_runs(ids, positions.stop)
-        else:
-            self._map_each(ids, start, positions)
+        records = self.scan.records
+        if isinstance(positions, range) and positions.start == 0:
+            self._map_runs(records.values("id"), positions.stop)
+        else:  # (a few: appended ones, or those a new generation left without a label)
+            self._map_each((pos, records.value(pos, "id")) for pos in positions)
 
-    def _map_each(self, ids: list[str], start: int, positions: Any) -> None:
-        """Map positions one by one (``ids[pos - start]``: each one's record id)."""
+    def _map_each(self, named: "Iterable[tuple[int, str]]") -> None:
+        """Map positions one by one (``named``: each one with its record's id)."""
         assert self.index is not None
         label_of, keyed, hashes, labels = self.index.label_of, self.index.hashes, self.hashes, self.labels
-        for pos in positions:
-            label = label_of.get(ids[pos - start])
+        for pos, rid in named:
+            label = label_of.get(rid)
             labels[pos] = label if label is not None and keyed[label] == hashes[pos] else -1
 
     def _map_runs(self, ids: list[str], stop: int) -> None:
@@ -347,7 +346,7 @@ class Snapshot:
                 labels[pos:end] = np.arange(label, label + run)
                 label += run
             else:
-                self._map_each(ids, 0, range(pos, end))
+                self._map_each(zip(range(pos, end), ids[pos:end]))
                 found = labels[pos:end]
                 mapped = found[found >= 0]
                 if len(mapped):
