@@ -52,7 +52,7 @@ with tempfile.TemporaryDirectory() as d:
     mem = Memory.open(d, user=False)
     if how == "cli":  # as cli.open_memory: the estimate left to a memory-settle (not started: not measured)
         mem.leave_to_background()
-        background.start = lambda verb, root: False
+        background.start = lambda *args: False
     mem.embedder.embed(["warm up the model"])
     t = time.perf_counter()
     mem.index(sample, force=True)
