@@ -199,3 +199,19 @@ def test_real_entry_point_across_processes(project, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["hits"][0]["id"] == a.json["id"]
+
+
+def test_a_batch_is_measured_in_bytes_whether_read_as_bytes_or_as_text(monkeypatch):
+    """The records file's text, as the caller read it, is held to the same limit as its bytes (found by
+    review: characters were counted, so multibyte text could pass the limit)."""
+    from nubos_memory.errors import InputError
+    from nubos_memory.interfaces import batchfile
+
+    monkeypatch.setattr(batchfile, "MAX_BATCH_BYTES", 100)
+    text = json.dumps({"type": "learning", "title": "t", "body": "é" * 50}, ensure_ascii=False) + "\n"
+    assert len(text) <= 100 < len(text.encode())
+    for data in (text, text.encode()):
+        with pytest.raises(InputError) as got:
+            batchfile.parse_batch(data, "/abs/x.jsonl")
+        assert got.value.code == "records-file-too-large" and got.value.details["source"] == "/abs/x.jsonl"
+    assert len(batchfile.parse_batch(json.dumps({"type": "learning", "title": "ok"}), "-")) == 1

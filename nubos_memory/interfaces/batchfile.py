@@ -22,8 +22,8 @@ def parse_batch(data: bytes | str, source: str = "-") -> list[Any]:
 
     Nothing is written when this fails: the error names the first bad line.
     """
-    if isinstance(data, str):
-        if len(data) > MAX_BATCH_BYTES and len(data.encode("utf-8", "surrogatepass")) > MAX_BATCH_BYTES:
+    if isinstance(data, str):  # (its size in bytes: a code point is at most 4)
+        if len(data) > MAX_BATCH_BYTES // 4 and len(data.encode("utf-8", "surrogatepass")) > MAX_BATCH_BYTES:
             data = data.encode("utf-8", "surrogatepass")  # (too large: said below)
         else:
             return _parse_text(data, source)
