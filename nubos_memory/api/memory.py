@@ -570,21 +570,19 @@ class Memory:
         committed with the current rows (which merges their segments), else a merge of any segments —
         what ``memory-serve`` does when idle, and what a one-shot write starts in the background instead
         of waiting for it (``leave_to_background``).  One runs per project at a time."""
-        from .background import only_worker
         from .stats import side_weight
 
         self.require_enabled()
-        with only_worker("settle", self.project.root) as alone:
-            if not alone:
-                return {"busy": True, "committed": False, "side_weight": side_weight(self.config,
-                                                                                       self.store.read_manifest())}
-            committed = False
-            for _ in range(2):  # (writes while it estimated may have made another one due: once more)
+        committed = False
+        with background.only_worker("settle", self.project.root) as alone:
+            passes = 2 if alone else 0  # (none while another runs; a second: writes meanwhile may have made one due)
+            for _ in range(passes):
                 self.scan()
                 if not self.vectors.idle(SETTLE_VERB, 1, wait=True):
                     break
                 committed = True
-        return {"busy": False, "committed": committed, "side_weight": side_weight(self.config, self.store.read_manifest())}
+        return {"busy": not alone, "committed": committed,
+                "side_weight": side_weight(self.config, self.store.read_manifest())}
 
     def leave_to_background(self, root: Path | None = None) -> None:
         """A one-shot process's writes never wait for a side-weight estimate: one that comes due is made by

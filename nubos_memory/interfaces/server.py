@@ -125,8 +125,9 @@ class Server:
             except Exception:  # noqa: BLE001 - a broken request: nothing to answer
                 return False
             args["root"] = str(self.root)
-            if name not in VERBS or not VERBS[name].served or _names_a_file(args):
-                why = f"{name!r} is not served by memory-serve" if name not in VERBS or not VERBS[name].served \
+            unserved = name not in VERBS or not VERBS[name].served
+            if unserved or _names_a_file(args):
+                why = f"{name!r} is not served by memory-serve" if unserved \
                     else "a request to memory-serve carries the text of the files it names (the CLI reads them)"
                 code, envelope = failure(UsageError(why))
                 reply: dict[str, Any] = {"code": code, "stream": "stderr", "doc": envelope}
