@@ -81,7 +81,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, MutableSequence, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import compress
 from typing import Any, cast
@@ -119,8 +119,9 @@ class LogScan:
     applied: int = 0  # bytes applied: every line before them is in this state
     cursor: Any = None  # where the store that reads this log stopped (its own, opaque here)
     generation: int = 0  # bumped on a full re-parse: positions of records may have changed
-    _position: dict[str, int] | None = None  # (``position``, made from the records' ids on first use)
-    line_of: list[int] = field(default_factory=list)  # index in ``records`` -> 1-based line number
+    _position: MutableMapping[str, int] | None = None  # (``position``: made from the ids on first use, or a
+    # checkpoint's index of them: ``columns.Positions``)
+    line_of: MutableSequence[int] = field(default_factory=list)  # index in ``records`` -> 1-based line number
     dead: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> why it is dead
     deaths: list[int] = field(default_factory=list)  # dead indexes in the order they died
     ops: int = 0  # operation lines applied (forget, anchor, pin, unpin, group, commit, rollback)
@@ -133,10 +134,10 @@ class LogScan:
     # the content hash of each record's embedded text, by position (what its vector was made from): made on
     # first need (``fill_content_hashes``: a vector search, a checkpoint) and kept with the state in a
     # checkpoint (store/checkpoint.py), so a new process need not make them again; records never change
-    content_hashes: list[str] = field(default_factory=list)
+    content_hashes: MutableSequence[str] = field(default_factory=list)
 
     @property
-    def position(self) -> dict[str, int]:
+    def position(self) -> MutableMapping[str, int]:
         """Record id -> its latest index in ``records`` (a record line is applied only when its id is new
         or retired, so the last record with an id is its latest; a restored state makes it when first
         asked: a one-shot query at a million records never does)."""
@@ -161,7 +162,7 @@ class LogScan:
 
     def ids(self) -> set[str]:
         """Ids of live records (one live record per id at most: its retired versions add nothing)."""
-        if self._position is not None:
+        if isinstance(self._position, dict):
             return {rid for rid, pos in self._position.items() if pos not in self.dead}
         live = [True] * len(self.records)
         for pos in self.dead:
@@ -630,20 +631,22 @@ def read(data: bytes) -> LogScan:
 _NOT_KEPT = ("cursor", "generation", "partial_tail")
 _INT_KEYS = ("dead", "questions")  # dicts keyed by record position: kept as [position, value] pairs
 _INT_SETS = ("hot", "redaction_checked")
-_BESIDE = ("records", "_position")  # kept beside the document by ``kept_state`` (position: from the ids)
+_BESIDE = ("records", "_position", "line_of", "content_hashes")  # a list per record: kept beside the document
 
 
 def state_doc(scan: LogScan) -> dict[str, Any]:
     """The state the applied lines amount to, as one JSON document (what two states are compared by)."""
-    doc = kept_state(scan)[0]
-    doc["records"], doc["position"] = list(scan.records), scan.position
+    doc, beside = kept_state(scan)
+    doc.update({name: list(values) for name, values in beside.items()})
+    doc["records"], doc["position"] = list(scan.records), dict(scan.position)
     return doc
 
 
-def kept_state(scan: LogScan) -> tuple[dict[str, Any], bytes, list[int], dict[str, list[Any]]]:
+def kept_state(scan: LogScan) -> tuple[dict[str, Any], dict[str, Sequence[Any]]]:
     """The state the applied lines amount to, as a store may keep it so that a new process need not read
-    the whole log again (``store/checkpoint.py``): a JSON document of everything but the records, and the
-    records as ``RecordList.encode`` gives them (blob, offsets, columns).  :func:`from_kept_state` inverts it."""
+    the whole log again (``store/checkpoint.py``): a JSON document of everything but what it holds for
+    every record, and those lists (``line_of``, ``content_hashes``; the records themselves, and their ids'
+    positions, are the store's to keep: ``RecordList.encode``).  :func:`from_kept_state` inverts it."""
     doc: dict[str, Any] = {}
     for f in fields(LogScan):
         if f.name in _NOT_KEPT or f.name in _BESIDE:
@@ -657,11 +660,15 @@ def kept_state(scan: LogScan) -> tuple[dict[str, Any], bytes, list[int], dict[st
             value = {rid: {**info, "hashes": sorted(info["hashes"])} for rid, info in value.items()}
         doc[f.name] = value
     doc["size"] = scan.applied  # what follows is read again
-    return (doc, *scan.records.encode())
+    return doc, {"line_of": scan.line_of, "content_hashes": scan.content_hashes}
 
 
-def from_kept_state(doc: dict[str, Any], records: RecordList) -> LogScan:
-    """The state :func:`kept_state` wrote, its records in ``records`` (KeyError/TypeError/ValueError: not one)."""
+def from_kept_state(doc: dict[str, Any], records: RecordList, line_of: MutableSequence[int],
+                    content_hashes: MutableSequence[str],
+                    position: MutableMapping[str, int] | None = None) -> LogScan:
+    """The state :func:`kept_state` wrote, its records in ``records`` and the lists it kept beside
+    (``position``: an index of the records' ids, made from them when first asked if None).
+    KeyError/TypeError/ValueError: not one."""
     kept: dict[str, Any] = {}
     for f in fields(LogScan):
         if f.name in _NOT_KEPT or f.name in _BESIDE:
@@ -674,14 +681,14 @@ def from_kept_state(doc: dict[str, Any], records: RecordList) -> LogScan:
         elif f.name == "redacted":
             value = {rid: {**info, "hashes": set(info["hashes"])} for rid, info in value.items()}
         kept[f.name] = value
-    scan = LogScan(records=records, **kept)  # (its ``position`` made from the ids when first asked)
+    scan = LogScan(records=records, line_of=line_of, content_hashes=content_hashes, _position=position, **kept)
     if not (isinstance(scan.applied, int) and len(scan.line_of) == len(scan.records)
-            and isinstance(scan.content_hashes, list) and len(scan.content_hashes) <= len(scan.records)):
+            and len(scan.content_hashes) <= len(scan.records)):
         raise ValueError("not a log state")
     return scan
 
 
-def fill_content_hashes(scan: LogScan) -> list[str]:
+def fill_content_hashes(scan: LogScan) -> MutableSequence[str]:
     """``scan.content_hashes`` for every record, the missing ones made now (in position order)."""
     hashes, records = scan.content_hashes, scan.records
     for pos in range(len(hashes), len(records)):

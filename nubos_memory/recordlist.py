@@ -6,8 +6,9 @@ of a one-shot call (issue 27).  A :class:`RecordList` holds the checkpoint's rec
 JSON document per line, with where each line starts — and decodes a record when it is first read
 (then keeps it); the few fields every call needs for every record (``COLUMNS``: a filter's type,
 domain, phase and tags, an expiry, the id) come as columns beside them, read without decoding a
-record.  Records appended after the checkpoint, and every record of a state read from the log
-itself, are plain objects in a list.  It behaves as the list of records did: indexes (negative
+record; a checkpoint keeps them in binary (``columns.py``: the ids as lines, the others as codes into
+their distinct values).  Records appended after the checkpoint, and every record of a state read from
+the log itself, are plain objects in a list.  It behaves as the list of records did: indexes (negative
 too), slices (lists), iteration, ``append``, and assignment (the state replaces a record when an
 ``anchor`` op moves its anchors).
 """
@@ -19,6 +20,7 @@ from typing import Any, overload
 
 import orjson
 
+from .columns import Coded
 from .fsio import dumps
 from .types import Record
 
@@ -30,9 +32,10 @@ class RecordList(Sequence[Record]):
 
     __slots__ = ("_blob", "_columns", "_decoded", "_kept", "_offsets", "_tail")
 
-    def __init__(self, blob: Any = b"", offsets: Sequence[int] = (0,), columns: dict[str, list[Any]] | None = None):
+    def __init__(self, blob: Any = b"", offsets: Sequence[int] = (0,), columns: dict[str, Any] | None = None):
         """``blob[offsets[i]:offsets[i + 1]]`` is record i's JSON (any buffer: bytes, a memory map);
-        ``columns``: each of ``COLUMNS``' value for every kept record (missing ones are decoded)."""
+        ``columns``: each of ``COLUMNS``' value for every kept record (missing ones are decoded): a list,
+        or a sequence of ``columns.py`` that decodes its items when read and can be written."""
         self._blob = blob
         self._offsets = offsets
         self._kept = len(offsets) - 1
@@ -109,6 +112,16 @@ class RecordList(Sequence[Record]):
             return column[index]
         return self[index].get(name)
 
+    def column(self, name: str) -> Sequence[Any] | None:
+        """The kept records' column ``name`` as it is held (a list, or ``columns.py``'s ``Lines`` or
+        ``Coded``), None where there is none."""
+        return self._columns.get(name)
+
+    def coded(self, name: str) -> Coded | None:
+        """The kept records' column ``name`` when it is held as codes (a checkpoint's)."""
+        column = self._columns.get(name)
+        return column if isinstance(column, Coded) else None
+
     def values(self, name: str, start: int = 0) -> list[Any]:
         """Field ``name`` of every record from ``start`` on (None where a record has none), from its
         column where there is one, without decoding those records."""
@@ -117,7 +130,8 @@ class RecordList(Sequence[Record]):
         return kept + [rec.get(name) for rec in self._tail[max(0, start - self._kept):]]
 
     def encode(self) -> tuple[bytes, list[int], dict[str, list[Any]]]:
-        """Every record as this list's ``blob``, ``offsets`` and ``columns`` (what a checkpoint keeps)."""
+        """Every record as this list's ``blob``, ``offsets`` and ``columns`` (what a checkpoint keeps;
+        ``RecordList(*encode())`` is an equal list)."""
         lines, offsets, at = [], [0], 0
         for i in range(len(self)):
             raw = self._blob[self._offsets[i]:self._offsets[i + 1]] if i < self._kept and i not in self._decoded \

@@ -17,6 +17,7 @@ import pytest
 
 from nubos_memory import Memory, trust, userdirs
 from nubos_memory.embed.hashing import HashEmbedder
+from nubos_memory.store.cache import keymap_parts
 
 from .conftest import REPO, index_records, memory_dir, query, rec, run_cli, run_sub, write_config
 
@@ -37,10 +38,10 @@ def forge_vectors(folder: Path, planted: str, honest: str) -> None:
     """What a hostile clone ships: the planted record gets the honest record's vector, the honest one
     its negation, and the manifest's hashes are fixed up (it cannot be signed with the victim's key)."""
     manifest = json.loads((folder / "manifest.json").read_text())
-    keymap = json.loads((folder / manifest["files"]["keymap"]["name"]).read_text())
+    ids = list(keymap_parts((folder / manifest["files"]["keymap"]["name"]).read_bytes())[0])
     vec_path = folder / manifest["files"]["vectors"]["name"]
     vectors = np.load(vec_path)
-    a, b = keymap["ids"].index(planted), keymap["ids"].index(honest)
+    a, b = ids.index(planted), ids.index(honest)
     vectors[a], vectors[b] = vectors[b], -vectors[b]
     with open(vec_path, "wb") as f:
         np.save(f, vectors, allow_pickle=False)

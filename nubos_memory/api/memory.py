@@ -542,7 +542,7 @@ class Memory:
             allowed = list(self.config.record_types)
             if isinstance(type_, str) and type_ not in allowed:
                 self.scan()
-                allowed += sorted(set(self.snap.types) - set(allowed))  # types a changed config dropped
+                allowed += sorted(set(self.snap.types.present()) - set(allowed))  # types a changed config dropped
             if not isinstance(type_, str) or type_ not in allowed:
                 raise InputError(f"unknown record type {str(type_)[:MAX_ECHO]!r}; the types are {allowed}",
                                  code=codes.QUERY_INVALID_TYPE, details={"type": str(type_)[:MAX_ECHO], "allowed": allowed})

@@ -7,8 +7,6 @@ graph's element count is read from its file header.
 from __future__ import annotations
 
 import struct
-from collections import Counter
-from itertools import compress
 from typing import TYPE_CHECKING, Any
 
 from .. import codes
@@ -145,7 +143,7 @@ def pieces_status(manifest: "Manifest | None") -> dict[str, Any] | None:
 
 def domain_counts(mem: "Memory") -> tuple[dict[str, int], int]:
     """Live records (not expired) by domain, most first then by name, and how many have none."""
-    counts = Counter(compress(mem.snap.domains, mem.snap.alive.tolist()))
+    counts = mem.snap.domains.counts(mem.snap.alive)
     without = counts.pop(None, 0)
     named = [(d, n) for d, n in counts.items() if d is not None]
     return dict(sorted(named, key=lambda kv: (-kv[1], kv[0]))), without

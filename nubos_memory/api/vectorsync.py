@@ -28,6 +28,7 @@ from ..search.sideweight import due, estimate
 from ..search.snapshot import Snapshot, VectorState
 
 if TYPE_CHECKING:
+    from ..columns import Digests, Strings
     from ..config import MemoryConfig
     from ..embed.base import Embedder
     from ..index.vectors import VectorIndex
@@ -182,8 +183,14 @@ class VectorSync:
             if err:
                 raise err
         labels = state.labels
-        cand = np.arange(len(labels)) if positions is None else np.asarray(positions, dtype=np.int64)
-        missing = cand[(labels[cand] < 0) & snap.alive[cand]].tolist() if len(cand) else []
+        every = positions is None  # (every record: no gathers; at a million records each costs ~2 ms)
+        cand = np.arange(len(labels)) if every else np.asarray(positions, dtype=np.int64)
+
+        def unlabelled(found: np.ndarray) -> np.ndarray:
+            live = snap.alive[:len(found)] if every else snap.alive[cand]
+            return np.flatnonzero((found < 0) & live) if every else cand[(found[cand] < 0) & live]
+
+        missing = unlabelled(labels).tolist() if len(cand) else []
         wanted = set(must)
         # Vectors other machines made are taken for every missing record in one pass (a new machine
         # of a team memory is complete after its first call); only embedding is capped.
@@ -194,7 +201,7 @@ class VectorSync:
             self._fill(state, todo, wanted, {**shared, **(precomputed or {})}, budget_s, progress,
                        blocking=blocking, verb=verb, pieces=dict(precomputed_pieces))
         if len(cand):
-            still = cand[(state.labels[cand] < 0) & snap.alive[cand]].tolist()
+            still = unlabelled(state.labels).tolist()
             state.behind = sum(1 for p in still if p not in state.extra)
         state.invalid = self.invalid
 
@@ -428,8 +435,8 @@ class VectorSync:
                 if err:
                     raise err
             records = snap.records
-            ids: list[str] = current.ids if current else []  # (not copied: the commit below makes new lists)
-            hashes: list[str] = current.hashes if current else []
+            ids: Strings = current.ids if current else []  # (not copied: the commit below makes new ones)
+            hashes: Digests = current.hashes if current else []
             label_of = current.label_of if current else {}
             replaced: dict[int, np.ndarray] = {}
             new_ids: list[str] = []

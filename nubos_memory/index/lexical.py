@@ -282,8 +282,17 @@ class PostingsBM25:
                 continue
             idf = self.idf_all(term) if removed_too else self.idf(term)
             for docs, tf32 in self._parts(tid):
+                # idf·tf·(k1+1) / (tf + norm), in place (the same operations in the same order: the same
+                # bits); a term in a run of consecutive documents (one in most of them) skips the gathers
                 tf = tf32.astype(np.float64)
-                out[docs] += idf * tf * (K1 + 1.0) / (tf + norm[docs])
+                run = slice(int(docs[0]), int(docs[-1]) + 1) if len(docs) and docs[-1] - docs[0] == len(docs) - 1 \
+                    else docs  # (a term's documents are distinct and in order)
+                part = tf * idf
+                part *= K1 + 1.0
+                den = norm[run]
+                den = den + tf
+                part /= den
+                out[run] += part
         if self.removed and not removed_too:
             out[np.fromiter(self.removed, dtype=np.int64, count=len(self.removed))] = 0.0
         return out

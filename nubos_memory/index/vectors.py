@@ -29,9 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..columns import Digests, Strings
 
 # A store's own nearest-neighbour search: (unit query, how many) -> labels, best first, or None
 # when it cannot answer (the exact scan answers instead).
@@ -197,6 +200,22 @@ class Pieces:
             out[self.owner[self.starts]] = np.maximum.reduceat(cos, self.starts)
         return out
 
+    def best_of(self, query: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """The best piece's cosine of each of ``labels`` with ``query`` (NaN: no pieces here), reading
+        only their rows."""
+        out = np.full(len(labels), np.nan, dtype=np.float32)
+        if not len(self.owner) or not len(labels):
+            return out
+        first, end = np.searchsorted(self.owner, labels), np.searchsorted(self.owner, labels + 1)
+        has = np.flatnonzero(end > first)
+        if len(has):
+            counts = end[has] - first[has]
+            starts = np.r_[0, np.cumsum(counts)[:-1]]
+            rows = np.repeat(first[has] - starts, counts) + np.arange(int(counts.sum()))
+            cos = np.asarray(self.vectors[rows] @ query, dtype=np.float32)
+            out[has] = np.maximum.reduceat(cos, starts)
+        return out
+
 
 def question_key(questions: list[str]) -> str:
     """What a record's question vectors were made from (a generation keeps it per label)."""
@@ -227,7 +246,7 @@ def mix(pooled: np.ndarray, best: np.ndarray) -> np.ndarray:
 class VectorIndex:
     """Indexed records' vectors, looked up by record id."""
 
-    def __init__(self, ids: list[str], hashes: list[str], vectors: np.ndarray,
+    def __init__(self, ids: Strings, hashes: Digests, vectors: np.ndarray,
                  hnsw_path: Path | None = None, ef_search: int = 100, vectors_path: Path | None = None,
                  hnsw_sha256: str | None = None, pieces: Pieces | None = None, pieces_path: Path | None = None,
                  questions: Questions | None = None, tail: np.ndarray | None = None,
@@ -509,6 +528,15 @@ class VectorIndex:
         best = self.pieces.best(query, len(self))
         if self.tail_pieces is not None:  # a label's pieces are all in the base or all in one segment
             best = np.fmax(best, self.tail_pieces.best(query, len(self)))
+        return best
+
+    def best_pieces_of(self, query: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """:meth:`best_pieces` of ``labels`` only (the rows of those labels read, not every piece row)."""
+        if self.pieces is None:
+            return np.full(len(labels), np.nan, dtype=np.float32)
+        best = self.pieces.best_of(query, labels)
+        if self.tail_pieces is not None:
+            best = np.fmax(best, self.tail_pieces.best_of(query, labels))
         return best
 
     def top_by_pieces(self, best: np.ndarray, k: int, allowed: np.ndarray | None = None) -> np.ndarray:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..limits import MAX_ECHO, MAX_TAGS
 from ..records import recency
 from .dedup import collapse as collapse_near
-from .dedup import contradiction
+from .dedup import contradictions
 
 if TYPE_CHECKING:
     from ..config import MemoryConfig
@@ -71,8 +71,7 @@ def conflicts_of(shown: Record, older: list[Record]) -> list[dict[str, Any]]:
     """The collapsed statements that disagree with the one shown (``dedup.contradiction``): the newer
     statement won, and the agent is told there was a disagreement."""
     out = []
-    for rec in older:
-        kind = contradiction(shown, rec)
+    for rec, kind in zip(older, contradictions(shown, older)):
         if kind is not None:
             out.append({"id": rec["id"], "kind": kind, "created_at": rec.get("created_at"),
                         "said": rec["title"][:160]})

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,7 +54,7 @@ def _word(word: str) -> str:
 def normalised_text(text: str) -> str:
     """``text`` case-folded, with single spaces, and without the punctuation around its words
     ("Don't run it on Friday!" → "don't run it on friday"; "v1.2" and "-5" keep theirs)."""
-    words = (_word(w) for w in unicodedata.normalize("NFKC", text).casefold().split())
+    words = (w if w.isalnum() else _word(w) for w in unicodedata.normalize("NFKC", text).casefold().split())
     return " ".join(w for w in words if w)
 
 
@@ -69,19 +70,39 @@ _VERSION = re.compile(r"^v?\d+(?:\.\d+)+[a-z0-9.-]*$")
 _NUMBER = re.compile(r"^[-+]?\d+(?:[.,]\d+)?%?$")
 
 
-def _words(record: Record) -> set[str]:
-    return set(normalised_text(f"{record['title']} {record.get('body') or ''}").split())
-
-
 def contradiction(newer: Record, older: Record) -> str | None:
     """How ``older`` disagrees with ``newer`` among the classes adr/0009 measures (``version``, ``number``,
     ``negation``), or None: their versions differ, their numbers differ, or one negates what the other
     says.  Meant for near duplicates (same topic, near-identical words)."""
-    a, b = _words(newer), _words(older)
-    for kind, pick in (("version", _VERSION.match), ("number", _NUMBER.match)):
-        if {w for w in a if pick(w)} != {w for w in b if pick(w)}:
+    return contradictions(newer, [older])[0]
+
+
+def contradictions(newer: Record, older: list[Record]) -> list[str | None]:
+    """:func:`contradiction` of each of ``older`` with ``newer``."""
+    marks = _marks(newer["title"], newer.get("body") or "")
+    return [_differs(marks, _marks(rec["title"], rec.get("body") or "")) for rec in older]
+
+
+_Marks = tuple[frozenset[str], frozenset[str], bool]
+
+
+@lru_cache(maxsize=16384)  # (a warm process meets the same near duplicates query after query)
+def _marks(title: str, body: str) -> _Marks:
+    """What a contradiction is told by: the versions, the numbers, and whether a negation is there."""
+    # (the words of ``normalised_text``, each distinct one normalised once; only a word with a digit can
+    # be a version or a number)
+    words = {w if w.isalnum() else _word(w) for w in set(unicodedata.normalize("NFKC", f"{title} {body}").casefold().split())}
+    words.discard("")
+    digits = [w for w in words if not w.isalpha()]
+    return (frozenset(w for w in digits if _VERSION.match(w)), frozenset(w for w in digits if _NUMBER.match(w)),
+            bool(words & NEGATIONS))
+
+
+def _differs(a: _Marks, b: _Marks) -> str | None:
+    for kind, mine, theirs in (("version", a[0], b[0]), ("number", a[1], b[1]), ("negation", a[2], b[2])):
+        if mine != theirs:
             return kind
-    return "negation" if bool(a & NEGATIONS) != bool(b & NEGATIONS) else None
+    return None
 
 
 def content_terms(record: Record) -> frozenset[str]:

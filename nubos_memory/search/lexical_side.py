@@ -8,7 +8,7 @@ import numpy as np
 
 from .fusion import bm25_normaliser, zscore_stats
 from .neighbours import CONTEXT_LEXICAL, with_context
-from .plan import Scope, top
+from .plan import Scope, take, top
 from .snapshot import Snapshot
 
 
@@ -33,11 +33,11 @@ def lexical_side(snap: Snapshot, terms: list[str], scope: Scope, *, propose: boo
     raw = lexical.scores(terms, removed_too=past)
     g = scope.gate
     scores = with_context(raw, np.arange(len(raw)), scope.prev, scope.nxt, CONTEXT_LEXICAL * g) if g > 0 else raw
-    in_scope = scores[scope.positions]
+    in_scope = take(scores, scope.positions)
     mean, sd = zscore_stats(in_scope)
     normaliser = bm25_normaliser(float(in_scope.max()), lexical.self_score(terms, removed_too=past))
     rank: dict[int, int] = {}
     if propose:
-        matching = scope.positions[raw[scope.positions] > 0]  # own terms; ranked with context
+        matching = scope.positions[take(raw, scope.positions) > 0]  # own terms; ranked with context
         rank = {int(p): i + 1 for i, p in enumerate(top(matching, scores[matching], scope.n_cand))}
     return LexicalSide(raw, scores, mean, sd, normaliser, rank)

@@ -24,7 +24,7 @@ The answer's shape (near duplicates collapsed, ``explain``) is ``answer.py``'s.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -218,21 +218,22 @@ def _field_mask(snap: Snapshot, scan: LogScan, filters: dict[str, list[str]]) ->
     n = len(scan.records)
     mask = np.ones(n, dtype=bool)
     for name, values in filters.items():
-        if name == "type":
-            ok = np.fromiter((t in values for t in snap.types[:n]), dtype=bool, count=n)
-        elif name == "phase":
-            ok = np.fromiter((any(phase_matches(p, v) for v in values) for p in snap.phases[:n]), dtype=bool,
-                             count=n)
-        elif name == "id":
-            ok = np.fromiter((r.get("id") in values for r in scan.records), dtype=bool, count=n)
-        elif name == "domain":
-            ok = np.fromiter((d in values for d in snap.domains[:n]), dtype=bool, count=n)
+        if name == "id":
+            ok = np.fromiter((rid in values for rid in scan.records.values("id")), dtype=bool, count=n)
         else:
-            ok = np.zeros(n, dtype=bool)
-            for tag in values:
-                ok[[p for p in snap.tag_positions.get(tag, []) if p < n]] = True
+            facet = {"type": snap.types, "phase": snap.phases, "domain": snap.domains}.get(name, snap.tags)
+            ok = facet.where(_passes(name, values), n)
         mask &= ok
     return mask
+
+
+def _passes(field: str, values: list[str]) -> Callable[[Any], bool]:
+    """Whether a record's value of ``field`` (type, phase, domain; tags otherwise) passes a field filter."""
+    if field == "phase":
+        return lambda phase: any(phase_matches(phase, v) for v in values)
+    if field in ("type", "domain"):
+        return lambda value: value in values
+    return lambda tags: any(t in values for t in tags or ())
 
 
 def _created_since(scan: LogScan, positions: np.ndarray, since: str) -> np.ndarray:

@@ -17,17 +17,22 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import codes
+from ..columns import Hex, Lines
 from ..errors import StoreError
 from ..index.lexical import PostingsBM25
 from ..index.vectors import VectorIndex
 from ..log import fill_content_hashes
 from ..records import iso_to_epoch, lexical_text, phase_matches
 from ..tokenize import tokenize
+from .facets import Facet
 from .neighbours import gate, live_neighbours
 from .timeline import Timeline
 
 if TYPE_CHECKING:
+    from collections.abc import MutableSequence
+
     from ..log import LogScan
+    from ..recordlist import RecordList
     from ..store.base import Store
     from ..types import Manifest, Problem, Record
 
@@ -102,7 +107,7 @@ class Snapshot:
         return self.scan.records if self.scan is not None else []
 
     @property
-    def hashes(self) -> list[str]:
+    def hashes(self) -> "MutableSequence[str]":
         """The content hashes computed so far (``ensure_hashes``), kept on the log's state so that a
         checkpoint carries them to the next process (``store/checkpoint.py``)."""
         return self.scan.content_hashes if self.scan is not None else []
@@ -112,10 +117,7 @@ class Snapshot:
         self.lexical_saved = 0  # records covered by the persisted lexical cache
         self.lexical_saved_deaths = 0  # deaths it had applied
         self._lex_deaths = 0  # deaths applied to ``lexical``
-        self.types: list[str] = []
-        self.domains: list[str | None] = []
-        self.phases: list[str | None] = []
-        self.tag_positions: dict[str, list[int]] = {}
+        self.types, self.domains, self.phases, self.tags = Facet(), Facet(), Facet(), Facet()  # (``facets.py``)
         self.alive = np.ones(0, dtype=bool)  # live now: not retired, not expired (``timeline.py``)
         self._alive_deaths = 0
         self.expired: list[int] = []  # positions whose valid_until has come, in the order they expired
@@ -137,17 +139,17 @@ class Snapshot:
         start = len(self.types)
         if start < len(scan.records):  # (from the records' columns: a checkpoint's records stay undecoded)
             records = scan.records
-            self.types += records.values("type", start)
-            self.domains += records.values("domain", start)
-            self.phases += records.values("phase", start)
-            for pos, tags in enumerate(records.values("tags", start), start):
-                for tag in tags or ():
-                    self.tag_positions.setdefault(tag, []).append(pos)
-            for pos, value in enumerate(records.values("valid_until", start), start):
-                until = iso_to_epoch(value) if value is not None else None
-                if until is not None:
-                    self._expiries[pos] = until
-                    self._next_expiry = min(self._next_expiry, until)
+            for name, facet in (("type", self.types), ("domain", self.domains), ("phase", self.phases),
+                                ("tags", self.tags)):
+                _extend(facet, records, name, start)
+            until = Facet()  # (each distinct time read once; every record may have its own)
+            _extend(until, records, "valid_until", start)
+            epochs = np.array([_epoch(v) for v in until.distinct], dtype=np.float64)
+            of = epochs[until.codes] if len(epochs) else np.zeros(0)
+            timed = np.flatnonzero(~np.isnan(of))
+            if len(timed):
+                self._expiries.update(zip((timed + start).tolist(), of[timed].tolist()))
+                self._next_expiry = min(self._next_expiry, float(of[timed].min()))
         if len(self.alive) < len(scan.records):
             self.alive = np.concatenate([self.alive, np.ones(len(scan.records) - len(self.alive), dtype=bool)])
         if self._alive_deaths < len(scan.deaths):
@@ -173,7 +175,7 @@ class Snapshot:
         dead = self.scan.dead if self.scan is not None else {}
         return [p for p in self.expired if p not in dead]
 
-    def ensure_hashes(self) -> list[str]:
+    def ensure_hashes(self) -> "MutableSequence[str]":
         """Content hashes of every record's embedded text (computed once, only when vectors matter)."""
         return fill_content_hashes(self.scan) if self.scan is not None else []
 
@@ -224,20 +226,15 @@ class Snapshot:
         live = self.alive if alive is None else alive
         if type_ is None and phase is None and not tags and domain is None:
             return None if alive is None and live.all() else np.flatnonzero(live)
-        n = len(self.types)
         mask = live.copy()
         if type_ is not None:
-            mask &= np.fromiter((t == type_ for t in self.types), dtype=bool, count=n)
+            mask &= self.types.where(lambda t: t == type_)
         if domain is not None:
-            mask &= np.fromiter((d == domain for d in self.domains), dtype=bool, count=n)
+            mask &= self.domains.where(lambda d: d == domain)
         if phase is not None:
-            mask &= np.fromiter((phase_matches(p, phase, exact=phase_exact) for p in self.phases), dtype=bool,
-                                count=n)
+            mask &= self.phases.where(lambda p: phase_matches(p, phase, exact=phase_exact))
         if tags:
-            tagged = np.zeros(n, dtype=bool)
-            for tag in tags:
-                tagged[self.tag_positions.get(tag, [])] = True
-            mask &= tagged
+            mask &= self.tags.where(lambda held: any(t in tags for t in held or ()))
         return np.flatnonzero(mask)
 
     # -- neighbours ------------------------------------------------------------------
@@ -319,7 +316,7 @@ class Snapshot:
             return
         records = self.scan.records
         if isinstance(positions, range) and positions.start == 0:
-            self._map_runs(records.values("id"), positions.stop)
+            self._map_runs(records, positions.stop)
         else:  # (a few: appended ones, or those a new generation left without a label)
             self._map_each((pos, records.value(pos, "id")) for pos in positions)
 
@@ -331,24 +328,77 @@ class Snapshot:
             label = label_of.get(rid)
             labels[pos] = label if label is not None and keyed[label] == hashes[pos] else -1
 
-    def _map_runs(self, ids: list[str], stop: int) -> None:
-        """Map positions ``0..stop`` (``ids``: their record ids) a run of ``ALIGNED_RUN`` at once where the
-        generation's keymap lists the same records, by id and content, in the same order (what a rebuild
-        and appends write: label i is the i-th record with a vector); a run that differs (a record without
-        a vector, a retired one) is mapped one by one, and the next run starts after its last row."""
+    def _map_runs(self, records: "RecordList", stop: int) -> None:
+        """Map positions ``0..stop`` a run of ``ALIGNED_RUN`` at once where the generation's keymap lists
+        the same records, by id and content, in the same order (what a rebuild and appends write: label i
+        is the i-th record with a vector); a run that differs (a record without a vector, a retired one) is
+        mapped one by one, and the next run starts after its last row.  A checkpoint's ids and content
+        hashes are compared as bytes, not decoded (``_same_ids``, ``_same_hashes``)."""
         assert self.index is not None
         kids, keyed, hashes, labels = self.index.ids, self.index.hashes, self.hashes, self.labels
+        column = records.column("id")
+        lines = column if isinstance(column, Lines) else None
         pos = label = 0
         while pos < stop:
             end = min(pos + ALIGNED_RUN, stop)
             run = end - pos
-            if ids[pos:end] == kids[label:label + run] and hashes[pos:end] == keyed[label:label + run]:
+            if len(kids) - label >= run and _same_ids(records, lines, pos, end, kids, label) \
+                    and _same_hashes(hashes, pos, end, keyed, label):
                 labels[pos:end] = np.arange(label, label + run)
                 label += run
             else:
-                self._map_each(zip(range(pos, end), ids[pos:end]))
+                self._map_each((p, records.value(p, "id")) for p in range(pos, end))
                 found = labels[pos:end]
                 mapped = found[found >= 0]
                 if len(mapped):
                     label = int(mapped[-1]) + 1
             pos = end
+
+
+def _extend(facet: Facet, records: RecordList, name: str, start: int) -> None:
+    """Append field ``name`` of the records from ``start`` on to ``facet`` (a checkpoint's column by its codes)."""
+    coded = records.coded(name)
+    kept = len(coded) if coded is not None else 0
+    if coded is not None and start < kept:
+        facet.extend_coded(coded, start)
+    facet.extend(records.values(name, max(start, kept)))
+
+
+def _same_ids(records: "RecordList", lines: Lines | None, start: int, stop: int, kids: "Sequence[str]",
+              label: int) -> bool:
+    """Whether the ids of positions ``start..stop`` are the keymap's from ``label`` on (both files' compared
+    as bytes where they are read in place)."""
+    run = stop - start
+    raw = lines.raw(start, stop) if lines is not None else None
+    if raw is not None:
+        theirs = kids.raw(label, label + run) if isinstance(kids, Lines) else None
+        if theirs is not None:
+            return raw == theirs
+        try:
+            return raw == ("\n".join(kids[label:label + run]) + "\n").encode()
+        except (TypeError, UnicodeEncodeError):  # (not ids a record can have)
+            return False
+    return [records.value(p, "id") for p in range(start, stop)] == list(kids[label:label + run])
+
+
+def _same_hashes(hashes: "Sequence[str]", start: int, stop: int, keyed: "Sequence[str]", label: int) -> bool:
+    """Whether the content hashes of positions ``start..stop`` are the keymap's from ``label`` on (compared
+    as bytes where they are read in place, not decoded one by one)."""
+    run = stop - start
+    mine = hashes.raw(start, stop) if isinstance(hashes, Hex) else None
+    theirs = keyed.raw(label, label + run) if isinstance(keyed, Hex) else None
+    if mine is not None and theirs is not None and isinstance(hashes, Hex) and isinstance(keyed, Hex) \
+            and hashes.width == keyed.width:
+        return mine == theirs
+    if mine is not None:
+        try:
+            return mine == bytes.fromhex("".join(keyed[label:label + run]))
+        except ValueError:  # (not hex: not a content hash)
+            return False
+    return list(hashes[start:stop]) == list(keyed[label:label + run])
+
+
+def _epoch(value: Any) -> float:
+    """A ``valid_until``'s time (NaN: none, or not a time)."""
+    found = iso_to_epoch(value) if value is not None else None
+    return math.nan if found is None else found

@@ -23,13 +23,14 @@ from ..index import vectors as vector_index
 from ..index.vectors import mix
 from .fusion import zscore_stats
 from .neighbours import CONTEXT_VECTOR, with_context
-from .plan import Scope, distinct, top
+from .plan import Scope, distinct, take, top
 
 if TYPE_CHECKING:
     from ..embed.base import Embedder
     from .snapshot import Snapshot, VectorState
 
 STATS_SAMPLE = 1000  # records whose cosine stands in for the distribution in a large scope
+PIECE_POOL = 4  # above EXACT_LIMIT: the n_cand × this closest records by pooled vector have their pieces read
 
 
 @dataclass
@@ -53,8 +54,14 @@ class Cosines:
         self.cos = np.zeros(n, dtype=np.float64)
         self.known = np.zeros(n, dtype=bool)
         self.extra = np.array(sorted(state.extra), dtype=np.int64)  # embedded for this answer only: usually none
-        # each label's best piece cosine (NaN: a record of one piece); None: no record has pieces
-        self.best = state.index.best_pieces(q) if state.index is not None else None
+        # each label's best piece cosine (NaN: a record of one piece); None: no record has pieces.  Above
+        # EXACT_LIMIT records it is made for the labels asked about only (``score_pieces``): a scan of every
+        # piece row cost more than the rest of a warm query at 100k records (issue 27)
+        index = state.index
+        self.lazy = index is not None and len(index) > vector_index.EXACT_LIMIT and index.has_pieces()
+        self.best = None if index is None else np.full(len(index), np.nan, dtype=np.float32) if self.lazy \
+            else index.best_pieces(q)
+        self._scored = np.zeros(len(index) if self.lazy and index is not None else 0, dtype=bool)
         # each label's closest HyPE question's cosine (NaN: none); None: no record has questions
         self.asked = state.index.best_questions(q) if state.index is not None else None
 
@@ -66,21 +73,30 @@ class Cosines:
         index, labels = self.state.index, self.state.labels
         with_label = todo[labels[todo] >= 0]
         if index is not None and len(with_label):
+            self.score_pieces(labels[with_label])
             self.cos[with_label] = index.cosines(labels[with_label], self.q, self.best, self.asked)
             self.known[with_label] = True
-        for p in todo[np.isin(todo, self.extra)].tolist():
+        for p in (todo[np.isin(todo, self.extra)].tolist() if len(self.extra) else ()):
             pooled = float(np.dot(self.state.extra[p], self.q))
             pieces = self.state.extra_pieces.get(p)
             best = float(np.max(pieces @ self.q)) if pieces is not None and len(pieces) else float("nan")
             self.cos[p] = float(mix(np.array([pooled]), np.array([best]))[0])
             self.known[p] = True
 
+    def score_pieces(self, labels: np.ndarray) -> None:
+        """Make ``best`` for these labels where it is made on demand (``lazy``)."""
+        if self.lazy and self.best is not None and self.state.index is not None:
+            todo = labels[~self._scored[labels]]
+            if len(todo):
+                self.best[todo] = self.state.index.best_pieces_of(self.q, todo)
+                self._scored[todo] = True
+
     def with_vector(self, positions: np.ndarray) -> np.ndarray:
         """The positions whose record has a vector (stored, or embedded for this answer)."""
-        has_vec = self.state.labels[positions] >= 0
+        has_vec = take(self.state.labels, positions) >= 0
         if len(self.extra):
             has_vec |= np.isin(positions, self.extra)
-        found: np.ndarray = positions[has_vec]
+        found: np.ndarray = positions if has_vec.all() else positions[has_vec]
         return found
 
 
@@ -129,16 +145,20 @@ def _approximate_top(cosines: Cosines, in_scope: np.ndarray, snap: Snapshot,
     else:
         whole = len(in_scope) == len(index)
         allowed = None if whole else labels[in_scope[labels[in_scope] >= 0]]
-        top_labels, _ = index.top(cosines.q, scope.n_cand, allowed)
-        for closest in (cosines.best, cosines.asked):  # and the records whose best piece or question is closest
+        # The records whose best piece is closest join HNSW's: among the ``PIECE_POOL`` × n_cand closest
+        # by pooled vector (``lazy``: only their pieces are read), else among every record in scope.
+        wide, _ = index.top(cosines.q, scope.n_cand * (PIECE_POOL if cosines.lazy else 1), allowed)
+        top_labels, pool = wide[:scope.n_cand], (wide if cosines.lazy else allowed)
+        cosines.score_pieces(wide)
+        for closest, among in ((cosines.best, pool), (cosines.asked, allowed)):  # and whose question is closest
             if closest is not None:
-                top_labels = np.concatenate([top_labels, index.top_by_pieces(closest, scope.n_cand, allowed)])
+                top_labels = np.concatenate([top_labels, index.top_by_pieces(closest, scope.n_cand, among)])
     proposed = snap.positions_of(distinct(top_labels))
     proposed = proposed[proposed >= 0]
     at = np.minimum(np.searchsorted(scope.positions, proposed), max(len(scope.positions) - 1, 0))
     inside = scope.positions[at] == proposed if len(scope.positions) else np.zeros(len(proposed), dtype=bool)
     proposed = np.concatenate([proposed[inside],  # never a row outside the scope (positions are sorted)
-                               extra[np.isin(extra, scope.positions)]])
+                               extra[np.isin(extra, scope.positions)] if len(extra) else extra])
     rng = np.random.default_rng(len(in_scope))  # a fixed sample for a given memory size
     stats_of = np.sort(rng.choice(in_scope, min(STATS_SAMPLE, len(in_scope)), replace=False))
     cosines.compute(scope.neighbourhood(distinct(np.concatenate([proposed, stats_of]))))

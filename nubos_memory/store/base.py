@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     import numpy as np
 
+    from ..columns import Digests, Strings
     from ..index.lexical import PostingsBM25
     from ..index.vectors import HnswParams, Pieces, Questions, VectorIndex
     from ..log import LogScan
@@ -135,7 +136,7 @@ class Store(Protocol):
 
     def load_current(self) -> "tuple[Manifest | None, VectorIndex | None]": ...
 
-    def commit(self, *, ids: list[str], hashes: list[str], vectors: "np.ndarray", embedding: dict[str, Any],
+    def commit(self, *, ids: "Strings", hashes: "Digests", vectors: "np.ndarray", embedding: dict[str, Any],
                params: "HnswParams", alpha: float, previous: "Manifest | None", base: "VectorIndex | None" = None,
                rebuilt: bool = False, side_weight: "dict[str, Any] | None" = None,
                pieces: "Pieces | None" = None, questions: "Questions | None" = None) -> "Manifest":

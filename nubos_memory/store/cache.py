@@ -4,7 +4,9 @@ A generation is three files written once and never modified::
 
     index-<gen>.hnsw      hnswlib graph (label i = row i); none where the store proposes
                           candidates itself (the team database's pgvector index)
-    keymap-<gen>.json     {"format", "ids": [...], "hashes": [...]}  label ↔ record id
+    keymap-<gen>.json     label ↔ record id and content hash: a JSON line, then the ids, hashes and
+                          piece/question owner labels as flat arrays (``keymap_bytes``; one JSON
+                          document {"format", "ids", "hashes", ...} in generations written before)
     vectors-<gen>.npy     float32 (n, dim), the stored unit vectors (loaded without pickle)
     pieces-<gen>.npy      float32 (p, dim), the piece vectors of records embedded in several pieces
                           (their labels: the keymap's "piece_owner"); none when no record has any
@@ -15,7 +17,7 @@ A generation may also have **segments** (adr/0021): a write that appends a few r
 generation writes only those rows, as one small immutable segment, and commits a manifest that names
 the base's files (unchanged) plus the segments so far, instead of copying every row and the graph::
 
-    segment-<id>.keymap.json   {"format", "ids", "hashes", "piece_owner"}  the segment's rows' labels follow
+    segment-<id>.keymap.json   a keymap of the segment's rows (their labels follow the base's)
     segment-<id>.vectors.npy   float32 (r, dim)                            the base's and earlier segments'
     segment-<id>.pieces.npy    its records' piece vectors, when any has several
 
@@ -43,6 +45,8 @@ import os
 import secrets
 import shutil
 import time
+from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -50,6 +54,7 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from .. import codes
+from ..columns import BYTEORDER, Digests, Hex, Lines, Strings, pack_all, unpack_from
 from ..errors import StoreError
 from ..faults import crash_point
 from ..fsio import (
@@ -86,6 +91,7 @@ from .verified import Verified
 
 MANIFEST = "manifest.json"
 CACHE_FORMAT = 1
+KEYMAP_FORMAT = 2  # the binary keymap (``keymap_bytes``); a JSON one is still read
 _PREFIXES = ("index-", "keymap-", "vectors-", "pieces-", "questions-", "segment-")
 MAX_SEGMENTS = 32  # a write that would make more merges them into a new base generation
 MAX_TAIL_ROWS = 8_192  # nor may the segments hold more rows (each search scans them exactly)
@@ -94,7 +100,7 @@ _CORRUPT = {"index": codes.INDEX_CORRUPT, "keymap": codes.KEYMAP_CORRUPT, "vecto
             "pieces": codes.VECTORS_CORRUPT, "questions": codes.VECTORS_CORRUPT}
 
 
-def covers_digest(ids: list[str], hashes: list[str], before: str = "") -> str:
+def covers_digest(ids: Sequence[str], hashes: Sequence[str], before: str = "") -> str:
     """A digest of which records (id and content hash, in label order) a generation covers; a
     segment's chains its rows onto the digest ``before`` them."""
     joined = before + "".join(f"{rid}\x00{ch}\n" for rid, ch in zip(ids, hashes))
@@ -215,23 +221,61 @@ def _owners(owner: Any, rows: int, count: int) -> np.ndarray:
     return owners
 
 
-def _read_keymap(path: Path, sha256: Any, count: int, pieces: int, questions: int, start: int = 0
-                 ) -> tuple[list[Any], list[Any], np.ndarray, np.ndarray, dict[int, str]]:
+def keymap_bytes(ids: Sequence[str], hashes: Sequence[str], pieces: Pieces | None, questions: Questions | None) -> bytes:
+    """A keymap file (``KEYMAP_FORMAT``): one JSON line (what follows, the question keys), then the ids, the
+    content hashes and the owner labels of the piece and question rows as flat binary arrays
+    (``columns.py``): a process reads the ids and hashes in place instead of parsing a JSON list of each
+    (at 100k records that parse was the largest part of a one-shot query's growth, issue 27)."""
+    items: list[tuple[str, Sequence[Any], str]] = [
+        ("ids", ids, "lines"), ("hashes", hashes, "hex"),
+        ("piece_owner", array("q", (pieces.owner if pieces is not None else np.zeros(0)).astype(np.int64).tobytes()), "q")]
+    head: dict[str, Any] = {"keymap": KEYMAP_FORMAT, "format": CACHE_FORMAT, "byteorder": BYTEORDER}
+    if questions is not None and len(questions):
+        items.append(("question_owner", array("q", questions.rows.owner.astype(np.int64).tobytes()), "q"))
+        head["question_keys"] = {str(label): key for label, key in sorted(questions.keys.items())}
+    arrays, section = pack_all(items)
+    return dumps({**head, "arrays": arrays}) + b"\n" + section
+
+
+def keymap_parts(raw: bytes) -> tuple[Any, Any, Any, Any, Any]:
+    """A keymap file's ids, hashes, piece owners, question owners and question keys (either form: the
+    JSON document of a generation written before ``KEYMAP_FORMAT``, or the binary one)."""
+    end = raw.find(b"\n")
+    if end < 0:  # (one JSON document)
+        km = loads_bulk(raw)
+        return km["ids"], km["hashes"], km.get("piece_owner", []), km.get("question_owner", []), \
+            km.get("question_keys") or {}
+    head = loads(raw[:end])
+    if not (isinstance(head, dict) and head.get("keymap") == KEYMAP_FORMAT and head.get("byteorder") == BYTEORDER):
+        raise ValueError("not a keymap this version reads")
+    section, arrays = memoryview(raw)[end + 1:], head["arrays"]
+    asked = unpack_from(arrays, section, "question_owner") if "question_owner" in arrays else []
+    return (unpack_from(arrays, section, "ids"), unpack_from(arrays, section, "hashes"),
+            unpack_from(arrays, section, "piece_owner"), asked, head.get("question_keys") or {})
+
+
+def _read_keymap(path: Path, sha256: Any, count: int, pieces: int, questions: int, start: int = 0,
+                 verified: Verified | None = None) -> tuple[Strings, Digests, np.ndarray, np.ndarray, dict[int, str]]:
     """The keymap's ids, text hashes, piece owners, question owners and question keys, checked against
-    its recorded ``sha256``, ``count``, ``pieces`` and ``questions`` (``start``: a segment's first label)."""
+    its recorded ``sha256`` (a check ``verified`` remembers by the file's identity, as the other derived
+    files'), ``count``, ``pieces`` and ``questions`` (``start``: a segment's first label)."""
     try:
-        raw_keymap = path.read_bytes()
-        if hashlib.sha256(raw_keymap).hexdigest() != sha256:
+        with open(path, "rb") as f:
+            raw_keymap, st = f.read(), os.fstat(f.fileno())
+
+        def digest() -> str:
+            return hashlib.sha256(raw_keymap).hexdigest()
+
+        if not (verified.check(path, sha256, digest, st) if verified is not None else digest() == sha256):
             raise ValueError("checksum")
-        km = loads_bulk(raw_keymap)
-        ids, hashes = km["ids"], km["hashes"]
-        if not (isinstance(ids, list) and isinstance(hashes, list) and len(ids) == len(hashes) == count):
+        ids, hashes, piece_owner, question_owner, question_keys = keymap_parts(raw_keymap)
+        if not (isinstance(ids, (list, Lines)) and isinstance(hashes, (list, Hex)) and len(ids) == len(hashes) == count):
             raise ValueError("length")
-        owners = _owners(km.get("piece_owner", []), pieces, start + count)
+        owners = _owners(piece_owner, pieces, start + count)
         if len(owners) and owners.min() < start:
             raise ValueError("owners")
-        asked = _owners(km.get("question_owner", []), questions, count)
-        keys = {int(label): str(key) for label, key in (km.get("question_keys") or {}).items()}
+        asked = _owners(question_owner, questions, count)
+        keys = {int(label): str(key) for label, key in question_keys.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
         raise StoreError("keymap is corrupt; run memory-rebuild", code=codes.KEYMAP_CORRUPT,
                          details={"file": path.name}) from None
@@ -250,7 +294,7 @@ class DerivedCache:
         # segments to it reuses its parsed keymap, label maps and rows instead of reading them again
         self._loaded: tuple[tuple[Any, ...], list[str], VectorIndex] | None = None
         self._built: tuple[str, Any] | None = None  # the graph this process wrote last (its generation, hnswlib)
-        self._appended: tuple[str, list[str], list[str]] | None = None  # the lists of the segment it wrote last
+        self._appended: tuple[str, Strings, Digests] | None = None  # the lists of the segment it wrote last
         self.verified = Verified(folder)  # derived files checked already (by any process of this user)
 
     @property
@@ -362,7 +406,7 @@ class DerivedCache:
         ours = self.written is not None and (files.get("vectors") or {}).get("name") == _names(self.written)["vectors"]
         rule = manifest.get("pieces")
         ids, hashes, owner, asked, keys = _read_keymap(paths["keymap"], files["keymap"].get("sha256"), count,
-                                                       n_pieces, n_questions)
+                                                       n_pieces, n_questions, verified=self.verified)
         vectors = self._rows(paths, files, "vectors", (count, dim), ours)
         pieces = None
         if isinstance(rule, dict):  # a generation that keeps pieces (module docstring)
@@ -384,7 +428,7 @@ class DerivedCache:
         return index
 
     def _extend(self, index: VectorIndex, segments: list[dict[str, Any]], dim: Any, keeps: bool,
-                given: tuple[list[str], list[str]] | None = None) -> VectorIndex:
+                given: tuple[Strings, Digests] | None = None) -> VectorIndex:
         """``index`` with ``segments``' rows after its own: a new index sharing its base rows and graph.
 
         The id → label map (and the content-hash map) are ``index``'s, grown in place rather than
@@ -407,16 +451,15 @@ class DerivedCache:
             if pieces is not None and len(pieces):
                 piece_parts.append(pieces)
         label_of = index.grown_label_of(ids)
-        if given is not None and given[0][n:] == ids and given[1][n:] == hashes:
-            ids, hashes = given  # the lists the commit was given end with exactly these rows: no copy
-        else:
-            ids, hashes = index.ids + ids, index.hashes + hashes
+        every: tuple[Strings, Digests] = (index.ids + ids, index.hashes + hashes) \
+            if given is None or given[0][n:] != ids or given[1][n:] != hashes \
+            else given  # the lists the commit was given end with exactly these rows: no copy
         tail = np.concatenate(tails) if len(tails) > 1 else tails[0]
         tail_pieces = None
         if keeps and piece_parts:
             tail_pieces = Pieces(np.concatenate([p.vectors for p in piece_parts]),
                                  np.concatenate([p.owner for p in piece_parts]))
-        out = VectorIndex(ids, hashes, index.base, index.hnsw_path, index.ef_search, vectors_path=index.vectors_path,
+        out = VectorIndex(*every, index.base, index.hnsw_path, index.ef_search, vectors_path=index.vectors_path,
                           hnsw_sha256=index.hnsw_sha256, pieces=index.pieces, pieces_path=index.pieces_path,
                           questions=index.questions, tail=tail, label_of=label_of, tail_pieces=tail_pieces)
         out.adopt_graph(index)
@@ -431,11 +474,11 @@ class DerivedCache:
         self._check_files(paths, files)
         rows, n_pieces = int(seg.get("rows") or 0), int(seg.get("pieces") or 0)
         ids, hashes, owner, _, _ = _read_keymap(paths["keymap"], files["keymap"].get("sha256"), rows, n_pieces, 0,
-                                                start)
+                                                start, self.verified)
         vectors = np.array(self._rows(paths, files, "vectors", (rows, dim), False))
         pieces = Pieces(np.array(self._rows(paths, files, "pieces", (n_pieces, dim), False)), owner) \
             if n_pieces else None
-        return ids, hashes, vectors, pieces
+        return list(ids), list(hashes), vectors, pieces  # (a segment's few rows: plain lists)
 
     def _checked(self, path: Path, sha256: Any) -> bool:
         """Whether a derived file holds the bytes of this sha256 (known from an earlier check of the
@@ -479,8 +522,8 @@ class DerivedCache:
     def commit(
         self,
         *,
-        ids: list[str],
-        hashes: list[str],
+        ids: Strings,
+        hashes: Digests,
         vectors: np.ndarray,
         embedding: dict[str, Any],
         params: HnswParams,
@@ -602,7 +645,7 @@ class DerivedCache:
         # (segments beside a small base are scanned exactly with it: at most twice EXACT_LIMIT rows)
         return len(segments) < MAX_SEGMENTS and tail <= min(MAX_TAIL_ROWS, max(base.base_rows, vectors_module.EXACT_LIMIT))
 
-    def _commit_segment(self, ids: list[str], hashes: list[str], vectors: np.ndarray, embedding: dict[str, Any],
+    def _commit_segment(self, ids: Strings, hashes: Digests, vectors: np.ndarray, embedding: dict[str, Any],
                         params: HnswParams, alpha: float, previous: Manifest, base: VectorIndex,
                         extra: dict[str, Any] | None, side_weight: dict[str, Any] | None,
                         pieces: Pieces | None) -> Manifest:
@@ -670,18 +713,14 @@ class DerivedCache:
             **fields,
         }
 
-    def _write_rows(self, names: dict[str, str], written: list[Path], ids: list[str], hashes: list[str],
+    def _write_rows(self, names: dict[str, str], written: list[Path], ids: Sequence[str], hashes: Sequence[str],
                     vectors: np.ndarray, base: VectorIndex | None, pieces: Pieces | None,
                     questions: Questions | None) -> tuple[dict[str, str], list[tuple[str, Path]]]:
         """Write the keymap, the vectors and the pieces and questions there are (each path into
         ``written`` before it is created); their sha256 digests and paths."""
         keymap_path = self.folder / names["keymap"]
         written.append(keymap_path)
-        owner = [] if pieces is None else pieces.owner.tolist()
-        asked = {} if questions is None or not len(questions) else {
-            "question_owner": questions.rows.owner.tolist(),
-            "question_keys": {str(label): key for label, key in sorted(questions.keys.items())}}
-        keymap = dumps({"format": CACHE_FORMAT, "ids": ids, "hashes": hashes, "piece_owner": owner, **asked})
+        keymap = keymap_bytes(ids, hashes, pieces, questions)
         with _create(keymap_path) as f:
             f.write(keymap)
         vectors_path = self.folder / names["vectors"]
@@ -733,7 +772,7 @@ class LocalDerivedState:
     def load_current(self) -> tuple[Manifest | None, VectorIndex | None]:
         return self.cache.load_current()
 
-    def commit(self, *, ids: list[str], hashes: list[str], vectors: np.ndarray, embedding: dict[str, Any],
+    def commit(self, *, ids: "Strings", hashes: "Digests", vectors: np.ndarray, embedding: dict[str, Any],
                params: HnswParams, alpha: float, previous: Manifest | None, base: VectorIndex | None = None,
                rebuilt: bool = False, side_weight: dict[str, Any] | None = None,
                pieces: Pieces | None = None, questions: Questions | None = None) -> Manifest:

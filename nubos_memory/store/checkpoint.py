@@ -12,9 +12,11 @@ anywhere before that point is read whole, as without a checkpoint.
 It is derived data like the manifest: one header line, signed with this user's key
 (``trust.py``), naming the rules that parsed the log (``RULES``: a version that reads lines otherwise
 never restores another's state) and the sha256 and length of the payload that follows: one JSON line of
-the state but its records (``log.kept_state``), then the records, one JSON line each, which a process
-memory-maps and decodes one by one when first read (``recordlist.py``: a one-shot query decodes its hits,
-not the memory); a checkpoint this user did not write, or whose payload does not match, is never used, and a tail that
+the state but what it holds for every record (``log.kept_state``), then those lists as flat binary
+arrays (``columns.py``: where each record starts, its line, content hash, id, the fields filters read,
+and an index of the ids; the line says where each array is), then the records, one JSON line each.  A
+process memory-maps the file, copies the int arrays, reads the others in place and decodes a record
+when first read (``recordlist.py``: a one-shot query decodes its hits, not the memory); a checkpoint this user did not write, or whose payload does not match, is never used, and a tail that
 holds a redaction is read whole (a redaction applies to lines before it).  It is written aside and
 swapped in atomically, owner-only, by a reader that found a tail at least ``MIN_TAIL`` bytes long and
 a quarter of what the checkpoint holds (so a year of writes rewrites it O(log n) times) and could take
@@ -34,9 +36,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
+from ..columns import BYTEORDER, Positions, pack_all, unpack_from
 from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, loads, loads_bulk, open_regular
 from ..log import LogScan, fill_content_hashes, from_kept_state, kept_state
-from ..recordlist import RecordList
+from ..recordlist import COLUMNS, RecordList
 from ..records import EMBED_TEMPLATE, SCHEMA_VERSION
 from ..trust import available, file_sha256, sign, verify
 
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
     from .verified import Verified
 
 NAME = "log-checkpoint.json"
-FORMAT = 4
+FORMAT = 5
 RULES = f"{__version__} schema {SCHEMA_VERSION} {EMBED_TEMPLATE}"  # what turned the lines into the state
 MAX_HEADER = 64 * 1024
 MIN_TAIL = 1 << 20  # bytes read past the checkpoint before a reader writes a new one
@@ -64,7 +67,7 @@ def load(path: Path, log: Path, inode: int, verified: "Verified | None" = None) 
             st = os.fstat(f.fileno())  # (what the payload's check is remembered by: the file read)
             start = len(header_line)
             if not (isinstance(header, dict) and header.get("format") == FORMAT and header.get("rules") == RULES
-                    and header.get("inode") == inode and verify(header)
+                    and header.get("byteorder") == BYTEORDER and header.get("inode") == inode and verify(header)
                     and header.get("bytes") == st.st_size - start and header["bytes"] > 0):
                 return None
             mapped = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
@@ -77,12 +80,22 @@ def load(path: Path, log: Path, inode: int, verified: "Verified | None" = None) 
                 else header.get("sha256") == digest()):
             return None
         doc_end = int(header["doc_bytes"])
+        records_at = doc_end + 1 + int(header["binary_bytes"])
         doc = loads_bulk(payload[:doc_end])
-        offsets, columns = doc.pop("offsets"), doc.pop("columns")
-        if not (isinstance(offsets, list) and isinstance(columns, dict) and offsets and offsets[0] == 0
-                and offsets[-1] == len(payload) - doc_end - 1):
+        arrays, binary = doc.pop("arrays"), payload[doc_end + 1:records_at]
+
+        def column(name: str) -> Any:
+            return unpack_from(arrays, binary, name)
+
+        offsets = column("offsets")
+        if not (len(offsets) and offsets[0] == 0 and offsets[-1] == len(payload) - records_at):
             return None
-        scan = from_kept_state(doc, RecordList(payload[doc_end + 1:], offsets, columns))
+        records = RecordList(payload[records_at:], offsets, {name: column(name) for name in COLUMNS})
+        keys, at = column("position_keys"), column("position_at")
+        if len(keys) != len(at) or len(at) > len(records):
+            return None
+        scan = from_kept_state(doc, records, column("line_of"), column("content_hashes"),
+                               Positions(keys, at, records.column("id") or records.values("id")))
         guard = base64.b64decode(header["guard"])
         if scan.applied != header.get("applied") or not _prefix_matches(log, scan.applied, header.get("prefix"),
                                                                          verified):
@@ -119,12 +132,19 @@ def save(path: Path, log: Path, scan: LogScan, inode: int, guard: bytes) -> bool
     except OSError:
         return False
     fill_content_hashes(scan)  # made once here, so that no later process makes them again
-    doc, blob, offsets, columns = kept_state(scan)
-    head = dumps({**doc, "offsets": offsets, "columns": columns})
-    payload = head + b"\n" + blob
-    header: dict[str, Any] = sign({"format": FORMAT, "rules": RULES, "inode": inode, "applied": scan.applied,
-                                   "prefix": prefix, "guard": base64.b64encode(guard).decode(),
-                                   "bytes": len(payload), "doc_bytes": len(head),
+    doc, beside = kept_state(scan)
+    blob, offsets, columns = scan.records.encode()
+    keys, at = Positions.index(scan.position)
+    arrays, binary = pack_all([("offsets", offsets, "q"), ("line_of", beside["line_of"], "q"),
+                               ("content_hashes", beside["content_hashes"], "hex"),
+                               ("position_keys", keys, "I"), ("position_at", at, "q"),
+                               *((name, columns[name], "lines" if name == "id" else "coded") for name in COLUMNS)])
+    head = dumps({**doc, "arrays": arrays})
+    payload = b"".join([head, b"\n", binary, blob])
+    header: dict[str, Any] = sign({"format": FORMAT, "rules": RULES, "byteorder": BYTEORDER, "inode": inode,
+                                   "applied": scan.applied, "prefix": prefix,
+                                   "guard": base64.b64encode(guard).decode(), "bytes": len(payload),
+                                   "doc_bytes": len(head), "binary_bytes": len(binary),
                                    "sha256": hashlib.sha256(payload).hexdigest()})
     try:
         atomic_write_bytes(path, dumps(header) + b"\n" + payload)

@@ -53,6 +53,7 @@ from .lock import try_enter
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from ..columns import Digests, Strings
     from .base import Store
 
 FOLD_EVENTS = 10_000  # retrieval events kept before a writer folds them into the summary
@@ -296,7 +297,7 @@ class InMemoryStore:
         ef = int((manifest.get("hnsw") or {}).get("ef_search", 100))
         return manifest, VectorIndex(list(ids), list(hashes), vectors, None, ef, pieces=pieces, questions=questions)
 
-    def commit(self, *, ids: list[str], hashes: list[str], vectors: np.ndarray, embedding: dict[str, Any],
+    def commit(self, *, ids: "Strings", hashes: "Digests", vectors: np.ndarray, embedding: dict[str, Any],
                params: HnswParams, alpha: float, previous: Manifest | None, base: VectorIndex | None = None,
                rebuilt: bool = False, side_weight: dict[str, Any] | None = None,
                pieces: Pieces | None = None, questions: Questions | None = None) -> Manifest:

@@ -70,6 +70,7 @@ from .lock import try_enter
 if TYPE_CHECKING:
     import numpy as np
 
+    from ..columns import Digests, Strings
     from ..config import Project
     from ..index.lexical import PostingsBM25
     from ..index.vectors import HnswParams, Pieces, Questions, VectorIndex
@@ -716,7 +717,7 @@ class PgStore(LocalDerivedState):
             self._index_tried = -INDEX_RETRY_S
             self._valid.pop(fingerprint, None)
 
-    def commit(self, *, ids: list[str], hashes: list[str], vectors: "np.ndarray", embedding: dict[str, Any],
+    def commit(self, *, ids: "Strings", hashes: "Digests", vectors: "np.ndarray", embedding: dict[str, Any],
                params: "HnswParams", alpha: float, previous: "Manifest | None", base: "VectorIndex | None" = None,
                rebuilt: bool = False, side_weight: "dict[str, Any] | None" = None,
                pieces: "Pieces | None" = None, questions: "Questions | None" = None) -> "Manifest":
@@ -729,11 +730,11 @@ class PgStore(LocalDerivedState):
         fingerprint, dim = str(embedding["fingerprint"]), int(embedding["dim"])
         covered = bool(((previous or {}).get("candidates") or {}).get("covered"))
         if base is not None and covered:  # the base's rows are there already
-            keys, rows = hashes[len(base):], vectors
+            keys, rows = list(hashes[len(base):]), vectors
         elif base is not None:  # a generation from before the database held vectors: all of it, once
-            keys, rows = hashes, np.concatenate([np.asarray(base.vectors, dtype=np.float32), vectors])
+            keys, rows = list(hashes), np.concatenate([np.asarray(base.vectors, dtype=np.float32), vectors])
         else:
-            keys, rows = hashes, vectors
+            keys, rows = list(hashes), vectors  # (a list: what the driver adapts)
         try:
             self._publish(fingerprint, keys, rows, replace=rebuilt)
             if rebuilt:  # texts no live record has any more: the index forgets them
