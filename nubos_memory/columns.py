@@ -86,7 +86,7 @@ class Packed(MutableSequence[str]):
             if start >= stop:
                 return []
             kept = self._run(start, min(stop, self._kept)) if start < self._kept else []
-            return kept + self._more[max(start - self._kept, 0):stop - self._kept]
+            return kept + self._more[max(start - self._kept, 0):max(stop - self._kept, 0)]
         i = _index(index, len(self))
         return self._run(i, i + 1)[0] if i < self._kept else self._more[i - self._kept]
 
@@ -326,6 +326,9 @@ def pack(values: Sequence[Any], kind: str) -> tuple[dict[str, Any], bytes]:
         coded = values if isinstance(values, Coded) else Coded.of(values)
         return {"kind": "coded", "count": n, "distinct": coded.distinct}, coded.codes.tobytes()
     if kind == "hex":
+        packed = values.raw(0, n) if isinstance(values, Hex) and n else None
+        if packed is not None and isinstance(values, Hex):  # (a restored column: its bytes as they are)
+            return {"kind": "hex", "count": n, "width": values.width}, packed
         width = len(values[0]) if n else 0
         if width and not width % 2 and all(type(v) is str and len(v) == width and not set(v) - _HEX for v in values):
             return {"kind": "hex", "count": n, "width": width // 2}, bytes.fromhex("".join(values))

@@ -20,7 +20,7 @@ from typing import Any, overload
 
 import orjson
 
-from .columns import Coded
+from .columns import Coded, key_of
 from .fsio import dumps
 from .types import Record
 
@@ -93,8 +93,9 @@ class RecordList(Sequence[Record]):
             self._tail[index - self._kept] = rec
             return
         self._decoded[index] = rec
-        for name, values in self._columns.items():
-            values[index] = rec.get(name)
+        for name, values in self._columns.items():  # (an unchanged value is not written: a packed column
+            if key_of(values[index]) != key_of(rec.get(name)):  # would decode every item to take it)
+                values[index] = rec.get(name)
 
     @property
     def decoded(self) -> int:

@@ -37,6 +37,7 @@ def test_each_kind_reads_back_what_was_packed_and_behaves_as_a_list():
     got.append("ab" * 16)  # (content hashes of records appended after the checkpoint)
     assert got[50] == "ab" * 16 and got.raw(49, 51) is None and got == [*hashes, "ab" * 16]
     assert (got + ["cd" * 16])[-2:] == ["ab" * 16, "cd" * 16] and len(got) == 51  # noqa: RUF005 (the operator is what is tested)
+    assert got[0:2] == hashes[0:2] and got[49:51] == [hashes[49], "ab" * 16]  # (a slice within the packed part)
     got[0] = "cd" * 16  # a replaced item: every item is a string from then on, still in order
     assert got == ["cd" * 16, *hashes[1:], "ab" * 16]
     with pytest.raises(IndexError):
@@ -52,6 +53,10 @@ def test_each_kind_reads_back_what_was_packed_and_behaves_as_a_list():
     assert got[1] == "moved" and got.values()[1] == "moved" and got.raw(0, 2) is None and got[2] == "r2"
     more = got + ["x", "y"]  # (shares what it holds: nothing copied but the strings added)  # noqa: RUF005
     assert len(more) == 33 and more[31:] == ["x", "y"] and more[:2] == ["r0", "moved"] and len(got) == 31
+    few = roundtrip(list("abcde"), "lines")[1] + list("fghij")
+    assert few[0:3] == list("abc") and few[3:7] == list("defg") and few[-2:] == list("ij") and few[5:5] == []
+    short = roundtrip(["aa", "bb", "cc"], "hex")[1] + ["dd", "ee", "ff"]  # (found by review: a slice within
+    assert short[0:1] == ["aa"] and short[1:4] == ["bb", "cc", "dd"]  # the packed part took appended items)
     _, fresh = roundtrip(ids, "lines")
     grown = fresh + ["x"]  # noqa: RUF005
     assert grown.raw(0, 31) == fresh.raw(0, 31) and grown.raw(0, 32) is None and grown[-1] == "x" and grown == [*ids, "x"]
@@ -166,3 +171,21 @@ def test_a_keymap_is_written_in_binary_and_one_written_as_json_before_is_still_r
     assert [h["id"] for h in mem.query("topic 3", k=10)["hits"]] == before
     assert mem.stats()["consistency"]["consistent"] and not mem.stats().get("degraded")
     assert isinstance(mem.snap.vectors()[1].ids, list)  # (read as the JSON it is)
+
+
+def test_a_record_replaced_in_place_writes_only_the_columns_it_changes():
+    from nubos_memory.recordlist import COLUMNS, RecordList
+
+    recs = [{"id": f"r{i}", "type": "learning", "title": "t", "body": "b", "tags": ["x"]} for i in range(5)]
+    plain = RecordList()
+    for r in recs:
+        plain.append(r)
+    blob, offsets, cols = plain.encode()
+    got = RecordList(memoryview(blob), offsets,
+                     {name: roundtrip(cols[name], "lines" if name == "id" else "coded")[1] for name in COLUMNS})
+    got[2] = {**recs[2], "anchors": [{"path": "a.py"}]}  # (an anchor op: the id is the same)
+    got[3] = {**recs[3], "type": "decision"}
+    ids = got.column("id")
+    assert isinstance(ids, Lines) and ids.raw(0, 5) is not None  # (found by review: one anchor op decoded every id)
+    assert got.values("type") == ["learning"] * 3 + ["decision", "learning"] and got[2]["anchors"] == [{"path": "a.py"}]
+    assert got.values("id") == [f"r{i}" for i in range(5)]

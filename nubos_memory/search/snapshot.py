@@ -390,10 +390,13 @@ def _same_hashes(hashes: "Sequence[str]", start: int, stop: int, keyed: "Sequenc
     if mine is not None and theirs is not None and isinstance(hashes, Hex) and isinstance(keyed, Hex) \
             and hashes.width == keyed.width:
         return mine == theirs
-    if mine is not None:
+    if mine is not None and isinstance(hashes, Hex):
+        theirs_text = keyed[label:label + run]
+        if not all(isinstance(h, str) and len(h) == 2 * hashes.width and h == h.lower() for h in theirs_text):
+            return False  # (not content hashes of this form: never the same)
         try:
-            return mine == bytes.fromhex("".join(keyed[label:label + run]))
-        except ValueError:  # (not hex: not a content hash)
+            return mine == bytes.fromhex("".join(theirs_text))
+        except ValueError:  # (not hex)
             return False
     return list(hashes[start:stop]) == list(keyed[label:label + run])
 
