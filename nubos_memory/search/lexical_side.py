@@ -38,6 +38,8 @@ def lexical_side(snap: Snapshot, terms: list[str], scope: Scope, *, propose: boo
     normaliser = bm25_normaliser(float(in_scope.max()), lexical.self_score(terms, removed_too=past))
     rank: dict[int, int] = {}
     if propose:
-        matching = scope.positions[take(raw, scope.positions) > 0]  # own terms; ranked with context
-        rank = {int(p): i + 1 for i, p in enumerate(top(matching, scores[matching], scope.n_cand))}
+        own = take(raw, scope.positions) > 0  # own terms; ranked with context
+        matching, ranked_by = (scope.positions, in_scope) if own.all() \
+            else (scope.positions[own], scores[scope.positions[own]])  # (a term in every record: no copies)
+        rank = {int(p): i + 1 for i, p in enumerate(top(matching, ranked_by, scope.n_cand))}
     return LexicalSide(raw, scores, mean, sd, normaliser, rank)
