@@ -371,3 +371,27 @@ def test_a_prepared_request_naming_a_file_is_refused(served):
             reply = client.recv_message(sock)
         assert reply["code"] == 2 and reply["doc"]["error"]["code"] == "usage", reply
     stop(proc)
+
+
+def test_the_parser_is_built_once_and_a_bad_command_line_leaves_it_as_it_was(monkeypatch: pytest.MonkeyPatch):
+    """A served call paid ~4 ms building argparse's parser for every command line (issue 27)."""
+    from nubos_memory.errors import UsageError
+    from nubos_memory.interfaces import cli
+
+    built = []
+    real = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda quiet=False: built.append(quiet) or real(quiet))
+    cli._parser.cache_clear()
+    try:
+        assert cli.parse(["memory-query", "one", "--k", "3"], quiet=True)[1]["k"] == 3
+        with pytest.raises(UsageError):
+            cli.parse(["memory-query", "--k", "many"], quiet=True)
+        with pytest.raises(cli._Printing):
+            cli.parse(["memory-query", "--help"], quiet=True)  # (what argparse would print: the CLI prints it)
+        for argv in (["memory-query", "two"], ["memory-add", "--type", "learning", "--title", "t", "--body", "b"], ["memory-stats"]):
+            fresh = vars(real(True).parse_args(argv))  # what a parser of its own gives
+            name, request = cli.parse(argv, quiet=True)
+            assert {"verb": name, **request} == fresh
+        assert built == [True]
+    finally:
+        cli._parser.cache_clear()
