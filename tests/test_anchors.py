@@ -216,3 +216,22 @@ def test_a_repeat_in_other_words_is_no_conflict():
 
     assert contradiction({"title": "Use corepack to pin pnpm", "body": ""},
                          {"title": "use Corepack to pin pnpm!", "body": ""}) is None
+
+
+def test_a_redaction_leaves_no_text_in_the_contradiction_cache(project):
+    """Contradiction marks are cached by text in a warm process (issue 27); a log read again from its
+    start — a redaction — drops them, so the process holds no redacted text there."""
+    from nubos_memory import Memory
+    from nubos_memory.search import dedup
+
+    from .conftest import write_config
+
+    write_config(project, near_duplicate=0.5)
+    mem = Memory.open(project)
+    old = mem.add({"type": "learning", "title": "the deploy token is hunter2 for CI 18", "created_at": "2026-01-01T00:00:00Z"})
+    mem.add({"type": "learning", "title": "the deploy token is hunter2 for CI 20", "created_at": "2026-06-01T00:00:00Z"})
+    hit = mem.query("deploy token for CI 20", k=3)["hits"][0]
+    assert hit["conflicts"] and dedup._marks.cache_info().currsize >= 2
+    mem.redact([old["id"]])
+    mem.scan()  # (the log read again: its text is gone from it)
+    assert dedup._marks.cache_info().currsize == 0

@@ -98,6 +98,12 @@ def _marks(title: str, body: str) -> _Marks:
             bool(words & NEGATIONS))
 
 
+def forget_texts() -> None:
+    """Drop the texts the contradiction cache holds (a log read again from its start: a redaction or a
+    compaction may have taken them out of the memory, so no process keeps them)."""
+    _marks.cache_clear()
+
+
 def _differs(a: _Marks, b: _Marks) -> str | None:
     for kind, mine, theirs in (("version", a[0], b[0]), ("number", a[1], b[1]), ("negation", a[2], b[2])):
         if mine != theirs:

@@ -24,6 +24,7 @@ from ..index.vectors import VectorIndex
 from ..log import fill_content_hashes
 from ..records import iso_to_epoch, lexical_text, phase_matches
 from ..tokenize import tokenize
+from .dedup import forget_texts
 from .facets import Facet
 from .neighbours import gate, live_neighbours
 from .timeline import Timeline
@@ -135,6 +136,7 @@ class Snapshot:
         if scan is not self.scan:
             self._reset()
             self._vec_key = None
+            forget_texts()
         self.scan = scan
         start = len(self.types)
         if start < len(scan.records):  # (from the records' columns: a checkpoint's records stay undecoded)
