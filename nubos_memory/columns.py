@@ -314,6 +314,30 @@ class Positions(MutableMapping[str, int]):
         return self.plain().items()
 
 
+def hex_bytes(values: Sequence[Any], width: int) -> bytes | None:
+    """``values`` as their bytes when each is a lowercase hex digest of ``width`` bytes (None otherwise):
+    what a :class:`Hex` column holds, and what it is compared with."""
+    if width <= 0 or not all(type(v) is str and len(v) == 2 * width and not set(v) - _HEX for v in values):
+        return None
+    return bytes.fromhex("".join(values))
+
+
+def line_bytes(values: Sequence[Any]) -> bytes | None:
+    """``values`` as newline-terminated UTF-8 lines (None: one is not a string, holds a newline or cannot
+    be encoded): what a :class:`Lines` column holds, and what it is compared with."""
+    encoded = _encoded(values)
+    return None if encoded is None else b"".join(b + b"\n" for b in encoded)
+
+
+def _encoded(values: Sequence[Any]) -> list[bytes] | None:
+    if not all(type(v) is str and "\n" not in v for v in values):
+        return None
+    try:
+        return [v.encode() for v in values]
+    except UnicodeEncodeError:  # (a lone surrogate: never in a parsed record)
+        return None
+
+
 def pack(values: Sequence[Any], kind: str) -> tuple[dict[str, Any], bytes]:
     """``values`` as ``(description, data)`` for :func:`unpack`: ``q`` (int64) or ``I`` (uint32) ints;
     ``hex``: equal-length lowercase hex strings; ``lines``: strings without a newline; ``coded``: any JSON
@@ -326,22 +350,18 @@ def pack(values: Sequence[Any], kind: str) -> tuple[dict[str, Any], bytes]:
         coded = values if isinstance(values, Coded) else Coded.of(values)
         return {"kind": "coded", "count": n, "distinct": coded.distinct}, coded.codes.tobytes()
     if kind == "hex":
-        packed = values.raw(0, n) if isinstance(values, Hex) and n else None
-        if packed is not None and isinstance(values, Hex):  # (a restored column: its bytes as they are)
-            return {"kind": "hex", "count": n, "width": values.width}, packed
-        width = len(values[0]) if n else 0
-        if width and not width % 2 and all(type(v) is str and len(v) == width and not set(v) - _HEX for v in values):
-            return {"kind": "hex", "count": n, "width": width // 2}, bytes.fromhex("".join(values))
+        if isinstance(values, Hex) and n and (kept := values.raw(0, n)) is not None:  # (a restored column)
+            return {"kind": "hex", "count": n, "width": values.width}, kept
+        width = len(values[0]) // 2 if n and isinstance(values[0], str) else 0
+        digests = hex_bytes(values, width)
+        if digests is not None:
+            return {"kind": "hex", "count": n, "width": width}, digests
     elif kind == "lines":
-        if all(type(v) is str and "\n" not in v for v in values):
-            try:
-                encoded = [v.encode() for v in values]
-            except UnicodeEncodeError:  # (a lone surrogate: never in a parsed record)
-                encoded = None
-            if encoded is not None:
-                starts = array("q", [0])
-                starts.extend(accumulate(len(b) + 1 for b in encoded))
-                return {"kind": "lines", "count": n}, starts.tobytes() + b"".join(b + b"\n" for b in encoded)
+        encoded = _encoded(values)
+        if encoded is not None:
+            starts = array("q", [0])
+            starts.extend(accumulate(len(b) + 1 for b in encoded))
+            return {"kind": "lines", "count": n}, starts.tobytes() + b"".join(b + b"\n" for b in encoded)
     elif kind != "json":
         raise ValueError(f"no such kind {kind!r}")
     return {"kind": "json", "count": n}, orjson.dumps(list(values))

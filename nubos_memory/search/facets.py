@@ -64,8 +64,8 @@ class Facet:
         """Whether each of the first ``n`` records' value (all: None) passes ``test``, asked once per
         distinct value."""
         table = np.fromiter((bool(test(v)) for v in self.distinct), dtype=bool, count=len(self.distinct))
-        return table[self.codes[:n]] if len(table) else np.zeros(min(n if n is not None else self.size, self.size),
-                                                                   dtype=bool)
+        found: np.ndarray = table[self.codes[:n]]  # (no distinct values: no records, an empty answer)
+        return found
 
     def counts(self, mask: np.ndarray | None = None) -> dict[Any, int]:
         """How many records (those ``mask`` keeps) have each value (values of none left out)."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import codes
-from ..columns import Hex, Lines
+from ..columns import Hex, Lines, hex_bytes, line_bytes
 from ..errors import StoreError
 from ..index.lexical import PostingsBM25
 from ..index.vectors import VectorIndex
@@ -368,39 +368,25 @@ def _extend(facet: Facet, records: RecordList, name: str, start: int) -> None:
 
 def _same_ids(records: "RecordList", lines: Lines | None, start: int, stop: int, kids: "Sequence[str]",
               label: int) -> bool:
-    """Whether the ids of positions ``start..stop`` are the keymap's from ``label`` on (both files' compared
-    as bytes where they are read in place)."""
+    """Whether the ids of positions ``start..stop`` are the keymap's from ``label`` on (compared as bytes
+    where the checkpoint's are read in place)."""
     run = stop - start
     raw = lines.raw(start, stop) if lines is not None else None
-    if raw is not None:
-        theirs = kids.raw(label, label + run) if isinstance(kids, Lines) else None
-        if theirs is not None:
-            return raw == theirs
-        try:
-            return raw == ("\n".join(kids[label:label + run]) + "\n").encode()
-        except (TypeError, UnicodeEncodeError):  # (not ids a record can have)
-            return False
-    return [records.value(p, "id") for p in range(start, stop)] == list(kids[label:label + run])
+    if raw is None:
+        return [records.value(p, "id") for p in range(start, stop)] == list(kids[label:label + run])
+    theirs = kids.raw(label, label + run) if isinstance(kids, Lines) else None
+    return raw == (theirs if theirs is not None else line_bytes(kids[label:label + run]))
 
 
 def _same_hashes(hashes: "Sequence[str]", start: int, stop: int, keyed: "Sequence[str]", label: int) -> bool:
     """Whether the content hashes of positions ``start..stop`` are the keymap's from ``label`` on (compared
-    as bytes where they are read in place, not decoded one by one)."""
+    as bytes where the checkpoint's are read in place, not decoded one by one)."""
     run = stop - start
     mine = hashes.raw(start, stop) if isinstance(hashes, Hex) else None
-    theirs = keyed.raw(label, label + run) if isinstance(keyed, Hex) else None
-    if mine is not None and theirs is not None and isinstance(hashes, Hex) and isinstance(keyed, Hex) \
-            and hashes.width == keyed.width:
-        return mine == theirs
-    if mine is not None and isinstance(hashes, Hex):
-        theirs_text = keyed[label:label + run]
-        if not all(isinstance(h, str) and len(h) == 2 * hashes.width and h == h.lower() for h in theirs_text):
-            return False  # (not content hashes of this form: never the same)
-        try:
-            return mine == bytes.fromhex("".join(theirs_text))
-        except ValueError:  # (not hex)
-            return False
-    return list(hashes[start:stop]) == list(keyed[label:label + run])
+    if mine is None or not isinstance(hashes, Hex):
+        return list(hashes[start:stop]) == list(keyed[label:label + run])
+    theirs = keyed.raw(label, label + run) if isinstance(keyed, Hex) and keyed.width == hashes.width else None
+    return mine == (theirs if theirs is not None else hex_bytes(keyed[label:label + run], hashes.width))
 
 
 def _epoch(value: Any) -> float:

@@ -59,9 +59,12 @@ class Cosines:
         # piece row cost more than the rest of a warm query at 100k records (issue 27)
         index = state.index
         self.lazy = index is not None and len(index) > vector_index.EXACT_LIMIT and index.has_pieces()
-        self.best = None if index is None else np.full(len(index), np.nan, dtype=np.float32) if self.lazy \
-            else index.best_pieces(q)
-        self._scored = np.zeros(len(index) if self.lazy and index is not None else 0, dtype=bool)
+        self.best: np.ndarray | None = None
+        self._scored = np.zeros(0, dtype=bool)
+        if index is not None and self.lazy:
+            self.best, self._scored = np.full(len(index), np.nan, dtype=np.float32), np.zeros(len(index), dtype=bool)
+        elif index is not None:
+            self.best = index.best_pieces(q)
         # each label's closest HyPE question's cosine (NaN: none); None: no record has questions
         self.asked = state.index.best_questions(q) if state.index is not None else None
 
