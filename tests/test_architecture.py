@@ -25,7 +25,7 @@ from .conftest import REPO
 
 PACKAGE = REPO / "nubos_memory"
 FOUNDATION = {"errors", "limits", "types", "fsio", "faults", "trust", "userdirs", "config", "records", "tokenize", "log",
-              "recordlist", "columns", "roots", "progress", "codes", "params", "gitcmd", "remote"}
+              "recordlist", "columns", "scratch", "roots", "progress", "codes", "params", "gitcmd", "remote"}
 LAYER = {"foundation": 0, "index": 1, "embed": 1, "generate": 1, "store": 2, "search": 3, "ingest": 3, "api": 4, "evaluation": 5,
          "interfaces": 6}
 # The package's front door re-exports the facade (lazily); ``python -m`` runs the CLI.

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nubos_memory.index.lexical import K1, B
+from nubos_memory.index.lexical import K1, B, PostingsBM25
 from nubos_memory.tokenize import tokenize
 
 from .bm25_reference import RankBM25Scorer
@@ -144,3 +144,78 @@ def _saved(docs):
     engine = PostingsBM25()
     engine.add(docs)
     return engine.arrays()
+
+
+# -- the passes over every record at scale (issue 27): reused arrays, the same bits -----------------
+def _long_engine(n: int = 70_000) -> PostingsBM25:
+    engine = PostingsBM25()  # "common" in every document (one run of postings), "rare" in a few
+    engine.add([["common"] * (1 + i % 3) + (["rare"] if i % 997 == 0 else []) + [f"t{i % 50}"] for i in range(n)])
+    return engine
+
+
+def test_long_postings_are_scored_in_reused_arrays_with_the_same_bits():
+    import threading
+    import tracemalloc
+
+    engine = _long_engine()
+    terms = ["common", "rare", "t7"]
+    norm = K1 * (1.0 - B + B * engine.doc_len / engine.avgdl())
+    want = np.zeros(engine.size)
+    for term in terms:  # the formula, one fresh array per step (what scores() did before)
+        tid = engine.vocab[term]
+        for docs, tf32 in engine._parts(tid):
+            tf = tf32.astype(np.float64)
+            part = tf * engine.idf(term)
+            part *= K1 + 1.0
+            part /= norm[docs] + tf
+            want[docs] += part
+    first = engine.scores(terms)
+    assert np.array_equal(first.view(np.int64), want.view(np.int64))
+    tracemalloc.start()
+    second = engine.scores(terms)  # (its work arrays are this thread's, made by the first call)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 2 * engine.size * 8  # the answer, not three more arrays of a float per document
+    assert np.array_equal(first, second) and first is not second  # a later call never writes an earlier answer
+    got: list[np.ndarray] = []
+    threads = [threading.Thread(target=lambda: got.append(engine.scores(terms))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4 and all(np.array_equal(g, want) for g in got)  # each thread has its own arrays
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 70_000])
+def test_zscore_stats_are_numpys_mean_and_std_bit_for_bit(n):
+    from nubos_memory.search.fusion import zscore_stats
+
+    rng = np.random.default_rng(n)
+    for values in (rng.gamma(0.3, 2.0, n), np.zeros(n), rng.random(n).astype(np.float32)):
+        mean, sd = zscore_stats(values)
+        if n == 0:
+            assert (mean, sd) == (0.0, 1.0)
+            continue
+        assert mean == float(values.mean()) and sd == max(float(values.std()), 1e-9)
+
+
+def test_top_keeps_the_earliest_records_among_those_tied_at_the_cut_whatever_the_layout():
+    from nubos_memory.search.plan import top
+
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        size = int(rng.integers(2, 400))
+        positions = np.sort(rng.choice(100_000, size, replace=False))
+        scores = rng.integers(0, 4, size).astype(np.float64 if trial % 2 else np.float32)
+        n = int(rng.integers(1, size + 2))
+        order = np.lexsort((positions, -scores))  # best first; ties: earlier record first
+        assert np.array_equal(top(positions, scores, n), positions[order][:n])
+        shuffled = rng.permutation(size)  # the same records in another order: the same answer
+        assert np.array_equal(top(positions[shuffled], scores[shuffled], n), positions[order][:n])
+        own = scores > 0  # the lexical side's shortcut: ranking every record equals ranking those
+        if own.sum() >= n:  # with a score, when n of them have one
+            assert np.array_equal(top(positions, scores, n), top(positions[own], scores[own], n))
+    many = np.arange(200_000)
+    flat = np.ones(200_000)
+    flat[[5, 150_000]] = 2.0  # a cut inside 199,998 ties
+    assert top(many, flat, 4).tolist() == [5, 150_000, 0, 1]

@@ -25,6 +25,8 @@ from typing import Protocol
 
 import numpy as np
 
+from .. import scratch
+
 K1 = 1.5
 B = 0.75
 
@@ -284,14 +286,14 @@ class PostingsBM25:
             for docs, tf32 in self._parts(tid):
                 # idf·tf·(k1+1) / (tf + norm), in place (the same operations in the same order: the same
                 # bits); a term in a run of consecutive documents (one in most of them) skips the gathers
-                tf = tf32.astype(np.float64)
                 run = slice(int(docs[0]), int(docs[-1]) + 1) if len(docs) and docs[-1] - docs[0] == len(docs) - 1 \
                     else docs  # (a term's documents are distinct and in order)
-                part = tf * idf
+                tf, part = scratch.floats(len(docs))
+                tf[...] = tf32
+                np.multiply(tf, idf, out=part)
                 part *= K1 + 1.0
-                den = norm[run]
-                den = den + tf
-                part /= den
+                np.add(norm[run], tf, out=tf)  # the denominator, where tf was
+                part /= tf
                 out[run] += part
         if self.removed and not removed_too:
             out[np.fromiter(self.removed, dtype=np.int64, count=len(self.removed))] = 0.0

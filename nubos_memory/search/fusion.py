@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import scratch
+
 RRF_K = 60
 IMPORTANCE_SPAN = 0.2  # factor range: 1 ± span/2
 
@@ -67,7 +69,14 @@ def zscore_stats(values: np.ndarray) -> tuple[float, float]:
     """Mean and standard deviation (floored, so a flat side cannot divide by zero)."""
     if len(values) == 0:
         return 0.0, 1.0
-    return float(values.mean()), max(float(values.std()), 1e-9)
+    if values.dtype != np.float64:
+        return float(values.mean()), max(float(values.std()), 1e-9)
+    mean = float(values.mean())
+    # numpy's std (the same operations: the same bits), its deviations in a reused array
+    deviations, _ = scratch.floats(len(values))
+    np.subtract(values, mean, out=deviations)
+    np.multiply(deviations, deviations, out=deviations)
+    return mean, max(math.sqrt(float(np.add.reduce(deviations)) / len(values)), 1e-9)
 
 
 def squash(fused: float) -> float:

@@ -38,8 +38,13 @@ def lexical_side(snap: Snapshot, terms: list[str], scope: Scope, *, propose: boo
     normaliser = bm25_normaliser(float(in_scope.max()), lexical.self_score(terms, removed_too=past))
     rank: dict[int, int] = {}
     if propose:
-        own = take(raw, scope.positions) > 0  # own terms; ranked with context
-        matching, ranked_by = (scope.positions, in_scope) if own.all() \
-            else (scope.positions[own], scores[scope.positions[own]])  # (a term in every record: no copies)
+        if g <= 0 and np.count_nonzero(in_scope) >= scope.n_cand:
+            # without context a score is the record's own: the best n are all records with a term of
+            # the query when n of them have one (no copies of a million scores)
+            matching, ranked_by = scope.positions, in_scope
+        else:
+            own = take(raw, scope.positions) > 0  # own terms; ranked with context
+            matching, ranked_by = (scope.positions, in_scope) if own.all() \
+                else (scope.positions[own], scores[scope.positions[own]])  # (a term in every record: no copies)
         rank = {int(p): i + 1 for i, p in enumerate(top(matching, ranked_by, scope.n_cand))}
     return LexicalSide(raw, scores, mean, sd, normaliser, rank)

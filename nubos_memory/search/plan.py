@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import scratch
+
 
 @dataclass(frozen=True)
 class Request:
@@ -58,11 +60,29 @@ def take(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
 
 
 def top(positions: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
-    """The ``n`` best positions by score (ties: earlier record first)."""
+    """The ``n`` best positions by score (ties: earlier record first, at the cut too: which of the
+    records tied with the ``n``-th best are kept does not depend on how the arrays are laid out)."""
     if len(positions) > n:
-        part = np.argpartition(-scores, n - 1)[:n]
-        positions, scores = positions[part], scores[part]
+        chosen = _best(positions, scores, n)
+        positions, scores = positions[chosen], scores[chosen]
     return positions[np.lexsort((positions, -scores))]
+
+
+def _best(positions: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
+    """The indexes of the ``n`` best scores; of those tied with the ``n``-th best, the earliest positions."""
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64)
+    work, _ = scratch.floats(len(scores))  # (the scores negated, partitioned in place: no new array)
+    np.negative(scores, out=work)
+    work.partition(n - 1)
+    cut = scores.dtype.type(-work[n - 1])  # the n-th best score
+    kept = np.flatnonzero(scores >= cut)
+    if len(kept) == n:
+        return kept
+    tied = kept[scores[kept] == cut]
+    need = n - (len(kept) - len(tied))
+    first = np.argpartition(positions[tied], need - 1)[:need] if need < len(tied) else slice(None)
+    return np.concatenate([kept[scores[kept] > cut], tied[first]])
 
 
 def distinct(values: np.ndarray) -> np.ndarray:

@@ -501,7 +501,7 @@ class DerivedCache:
         except (OSError, ValueError):
             raise StoreError(f"stored {key} are corrupt; run memory-rebuild", code=codes.VECTORS_CORRUPT,
                              details={"file": path.name if path else key}) from None
-        return rows
+        return rows.view(np.ndarray)  # (still the mapped pages; indexing a plain array skips np.memmap's wrapping)
 
     def load_current(self, attempts: int = 5) -> tuple[Manifest | None, VectorIndex | None]:
         """Manifest and its generation, retrying if a writer swapped them mid-read."""
