@@ -33,7 +33,6 @@ import re
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from functools import lru_cache
 from typing import Any, cast
 
 from . import codes
@@ -100,11 +99,8 @@ def now_iso() -> str:
 
 def iso_to_epoch(value: Any) -> float | None:
     """Seconds since the epoch of an ISO-8601 timestamp with a zone, else None."""
-    return _epoch(value) if isinstance(value, str) else None
-
-
-@lru_cache(maxsize=65536)  # (a warm query reads the same records' times again and again: recency)
-def _epoch(value: str) -> float | None:
+    if not isinstance(value, str):
+        return None
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:

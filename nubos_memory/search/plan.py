@@ -72,10 +72,15 @@ def _best(positions: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
     """The indexes of the ``n`` best scores; of those tied with the ``n``-th best, the earliest positions."""
     if n <= 0:
         return np.zeros(0, dtype=np.int64)
-    work, _ = scratch.floats(len(scores))  # (the scores negated, partitioned in place: no new array)
-    np.negative(scores, out=work)
+    work, _ = scratch.floats(len(scores))  # (the scores negated, partitioned in place: no new array; so
+    np.negative(scores, out=work)          # ``scores`` must not be one of scratch's arrays)
     work.partition(n - 1)
     cut = scores.dtype.type(-work[n - 1])  # the n-th best score
+    if np.isnan(cut):  # fewer than n scores that are numbers: all of them, then the NaNs (worst), earliest first
+        kept, missing = np.flatnonzero(~np.isnan(scores)), np.flatnonzero(np.isnan(scores))
+        need = n - len(kept)
+        return np.concatenate([kept, missing[np.argpartition(positions[missing], need - 1)[:need]]
+                               if need < len(missing) else missing])
     kept = np.flatnonzero(scores >= cut)
     if len(kept) == n:
         return kept
