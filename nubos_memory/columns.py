@@ -87,7 +87,7 @@ class Packed(MutableSequence[str]):
                 return []
             kept = self._run(start, min(stop, self._kept)) if start < self._kept else []
             return kept + self._more[max(start - self._kept, 0):max(stop - self._kept, 0)]
-        i = _index(index, len(self))
+        i = checked_index(index, len(self))
         return self._run(i, i + 1)[0] if i < self._kept else self._more[i - self._kept]
 
     def values(self) -> list[str]:
@@ -239,10 +239,10 @@ class Coded(Sequence[Any]):
         if isinstance(index, slice):
             distinct = self.distinct
             return [distinct[c] for c in self.codes[index]]
-        return self.distinct[self.codes[_index(index, len(self))]]
+        return self.distinct[self.codes[checked_index(index, len(self))]]
 
     def __setitem__(self, index: int, value: Any) -> None:
-        self.codes[_index(index, len(self))] = self.code(value)
+        self.codes[checked_index(index, len(self))] = self.code(value)
 
 
 def crc(rid: str) -> int:
@@ -428,7 +428,8 @@ def unpack_from(arrays: Any, section: Any, name: str) -> Any:
     return unpack(desc, section[at:at + size])
 
 
-def _index(index: int, n: int) -> int:
+def checked_index(index: int, n: int) -> int:
+    """``index`` into a sequence of ``n`` items, a negative one counted from the end (IndexError when outside)."""
     if index < 0:
         index += n
     if not 0 <= index < n:

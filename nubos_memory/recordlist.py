@@ -20,7 +20,7 @@ from typing import Any, overload
 
 import orjson
 
-from .columns import Coded, key_of
+from .columns import Coded, checked_index, key_of
 from .fsio import dumps
 from .types import Record
 
@@ -57,12 +57,7 @@ class RecordList(Sequence[Record]):
     def __getitem__(self, index: int | slice) -> Record | list[Record]:
         if isinstance(index, slice):
             return [self._at(i) for i in range(*index.indices(len(self)))]
-        n = len(self)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError("record position out of range")
-        return self._at(index)
+        return self._at(checked_index(index, len(self)))
 
     def _at(self, i: int) -> Record:
         if i >= self._kept:
@@ -85,10 +80,7 @@ class RecordList(Sequence[Record]):
     __hash__ = None  # type: ignore[assignment]  # (mutable, as a list)
 
     def __setitem__(self, index: int, rec: Record) -> None:
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError("record position out of range")
+        index = checked_index(index, len(self))
         if index >= self._kept:
             self._tail[index - self._kept] = rec
             return

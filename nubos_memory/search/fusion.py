@@ -69,9 +69,9 @@ def zscore_stats(values: np.ndarray) -> tuple[float, float]:
     """Mean and standard deviation (floored, so a flat side cannot divide by zero)."""
     if len(values) == 0:
         return 0.0, 1.0
-    if values.dtype != np.float64:
-        return float(values.mean()), max(float(values.std()), 1e-9)
     mean = float(values.mean())
+    if values.dtype != np.float64:
+        return mean, max(float(values.std()), 1e-9)
     # numpy's std (the same operations: the same bits), its deviations in a reused array
     deviations, _ = scratch.floats(len(values))
     np.subtract(values, mean, out=deviations)

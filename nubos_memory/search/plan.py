@@ -84,10 +84,11 @@ def _best(positions: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
     kept = np.flatnonzero(scores >= cut)
     if len(kept) == n:
         return kept
-    tied = kept[scores[kept] == cut]
+    at = scores[kept]
+    tied = kept[at == cut]
     need = n - (len(kept) - len(tied))
     first = np.argpartition(positions[tied], need - 1)[:need] if need < len(tied) else slice(None)
-    return np.concatenate([kept[scores[kept] > cut], tied[first]])
+    return np.concatenate([kept[at > cut], tied[first]])
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
