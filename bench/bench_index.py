@@ -65,6 +65,7 @@ import json, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from nubos_memory.embed.model import ModelEmbedder, pieces_for
+from nubos_memory.embed.pooling import best_pieces_for
 from nubos_memory.embed.torch_runtime import TorchRuntime
 from nubos_memory.limits import DEFAULT_MODEL
 from nubos_memory.records import embed_text
@@ -73,7 +74,8 @@ folder = ModelEmbedder(DEFAULT_MODEL).folder()
 reference = TorchRuntime(str(folder))
 reference.load()
 st = reference.model
-pieces, _ = pieces_for(reference, [embed_text({"tags": [], **r}) for r in sample])
+texts = [embed_text({"tags": [], **r}) for r in sample]
+pieces = pieces_for(reference, texts)[0] + best_pieces_for(reference, texts)[0]  # what the product embeds
 st.encode(["warm up the model"], batch_size=32)
 t = time.perf_counter()
 st.encode(pieces, batch_size=32, normalize_embeddings=True, show_progress_bar=False)

@@ -2,7 +2,11 @@
 
 One file-store memory holds N synthetic records of four paragraphs each (the hash double cut at
 blank lines: four pieces a record, like a session note read by MiniLM; no model, so the query itself
-is as cheap as it gets and the pieces' share is the largest it can be).  The same 100 hybrid
+is as cheap as it gets and the pieces' share is the largest it can be).  ``--paragraphs 8
+--today 4``: records of eight pieces (what best piece v2's overlapping half-window pieces make of a
+four-window record), beside a third memory of the same records cut in four (v1's count) and queried
+as the code before v2 queried it (pieces copied out in one block, statistics from 1,000 records' best
+pieces), in the same rounds.  The same 100 hybrid
 queries (k = 10) run warm against the generation with pieces and against the same rows committed
 without them (what a memory from before best-piece scoring holds), alternating, several rounds; the
 table gives the medians.  Target: with pieces <= 1.2x without.  With ``--model`` the queries are
@@ -15,6 +19,7 @@ Run: .venv/bin/python bench/bench_pieces.py [--records 10000] [--rounds 5] [--mo
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import shutil
@@ -38,12 +43,21 @@ from nubos_memory.embed.hashing import ParagraphHashEmbedder  # noqa: E402
 from nubos_memory.index.vectors import VectorIndex  # noqa: E402
 
 
-def records(n: int, rng: random.Random) -> list[dict[str, Any]]:
+def records(n: int, rng: random.Random, paragraphs: int = 4) -> list[dict[str, Any]]:
     def paragraph() -> str:
         return " ".join(rng.choice(WORDS) + str(rng.randrange(200)) for _ in range(12))
 
-    return [{"type": "handoff", "title": f"session {i}", "body": "\n\n".join(paragraph() for _ in range(4))}
+    return [{"type": "handoff", "title": f"session {i}", "body": "\n\n".join(paragraph() for _ in range(paragraphs))}
             for i in range(n)]
+
+
+def joined(data: list[dict[str, Any]], by: int) -> list[dict[str, Any]]:
+    """The same records with every ``by`` paragraphs joined into one: fewer, longer pieces."""
+    def join(body: str) -> str:
+        parts = body.split("\n\n")
+        return "\n\n".join(" ".join(parts[i:i + by]) for i in range(0, len(parts), by))
+
+    return [{**r, "body": join(r["body"])} for r in data]
 
 
 class RealQueries(ParagraphHashEmbedder):
@@ -77,6 +91,24 @@ def without_pieces(mem: Memory) -> None:
                          previous=manifest, rebuilt=True)
 
 
+def ask(mem: Memory, q: str) -> object:
+    return mem.query(q, k=10, track=False)
+
+
+def ask_as_before(mem: Memory, q: str) -> object:
+    """A query as the code before best piece v2 answered it: the pieces copied out in one block, and the
+    statistics of a large scope made from the whole sample's best pieces."""
+    from nubos_memory.index import vectors
+    from nubos_memory.search import vector_side
+
+    saved = vectors.GATHER_ROWS, vector_side.STATS_SAMPLE_PIECES
+    vectors.GATHER_ROWS, vector_side.STATS_SAMPLE_PIECES = 1 << 62, vector_side.STATS_SAMPLE
+    try:
+        return ask(mem, q)
+    finally:
+        vectors.GATHER_ROWS, vector_side.STATS_SAMPLE_PIECES = saved
+
+
 def sizes(mem: Memory) -> dict[str, int]:
     folder = mem.project.memory_dir
     return {p.name.split("-")[0]: p.stat().st_size for p in folder.iterdir()
@@ -88,15 +120,22 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--model", action="store_true", help="queries by the packaged model (see the docstring)")
+    ap.add_argument("--paragraphs", type=int, default=4, help="pieces a record")
+    ap.add_argument("--today", type=int, default=0, help="also a memory of the same records in this many pieces")
     args = ap.parse_args()
     rng = random.Random(24)
     tmp = Path(tempfile.mkdtemp(prefix="bench-pieces-"))
     try:
         with_root, without_root = tmp / "with", tmp / "without"
-        data = records(args.records, rng)
+        data = records(args.records, rng, args.paragraphs)
         a, b = memory(with_root, args.model), memory(without_root, args.model)
         for mem in (a, b):
             mem.index(data)
+        c = None
+        if args.today:
+            c = memory(tmp / "today", args.model)
+            c.index(joined(data, args.paragraphs // args.today))
+            c.rebuild()
         t0 = time.perf_counter()
         a.rebuild()
         rebuild_s = time.perf_counter() - t0
@@ -105,14 +144,15 @@ def main() -> None:
         a_index: VectorIndex | None = a.store.load_current()[1]
         assert a_index is not None and a_index.pieces is not None and b.store.load_current()[1].pieces is None  # type: ignore[union-attr]
         queries = [" ".join(rng.choice(WORDS) + str(rng.randrange(200)) for _ in range(4)) for _ in range(100)]
-        for mem in (a, b):  # warm: first answers load the index and the lexical state
+        mems = {"without": b, "with": a, **({"today": c} if c is not None else {})}
+        for mem in mems.values():  # warm: first answers load the index and the lexical state
             mem.query(queries[0], k=10)
-        rounds: dict[str, list[list[float]]] = {"with": [], "without": []}
-        for _ in range(args.rounds):  # query by query, alternating: both see the same machine
-            pairs = [(timed(lambda q: b.query(q, k=10, track=False), [q])[0],
-                      timed(lambda q: a.query(q, k=10, track=False), [q])[0]) for q in queries]
-            rounds["without"].append([x for x, _ in pairs])
-            rounds["with"].append([y for _, y in pairs])
+        rounds: dict[str, list[list[float]]] = {name: [] for name in mems}
+        for _ in range(args.rounds):  # query by query, alternating: all see the same machine
+            times = [{name: timed(functools.partial(ask_as_before if name == "today" else ask, m), [q])[0]
+                      for name, m in mems.items()} for q in queries]
+            for name in mems:
+                rounds[name].append([t[name] for t in times])
         p50 = {k: statistics.median(statistics.median(r) for r in v) for k, v in rounds.items()}
         p90s = {k: statistics.median(p90(r) for r in v) for k, v in rounds.items()}
         sa, sb = sizes(a), sizes(b)
@@ -124,6 +164,13 @@ def main() -> None:
               f"{p50['with'] / p50['without']:.2f}x | {p90s['without']:.1f} / {p90s['with']:.1f} | "
               f"{sb.get('vectors', 0) / 1e6:.1f} / {(sa.get('vectors', 0) + sa.get('pieces', 0)) / 1e6:.1f} | "
               f"{rebuild_s:.1f} |")
+        if c is not None:
+            c_index = c.store.load_current()[1]
+            assert c_index is not None and c_index.pieces is not None
+            print(f"\nthe same records in {args.today} pieces each ({len(c_index.pieces):,} rows), queried as before "
+                  f"v2: warm hybrid p50 "
+                  f"{p50['today']:.1f} ms, p90 {p90s['today']:.1f} ms; {args.paragraphs} pieces / {args.today}: "
+                  f"{p50['with'] / p50['today']:.2f}x")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -165,15 +165,15 @@ def index_throughput(base: list[dict[str, Any]], st: Any, model: Any) -> dict[st
     """Index throughput vs raw model.encode at the same batch size (32), by record shape."""
     # Index throughput vs raw model.encode at the same batch size (32), uncached, same loaded model.
     # Two record shapes: agent-note sized (fits the 256-wordpiece window: pieces == records) and
-    # long abstracts (cut into pieces and pooled). Baselines: encode of exactly the pieces the
-    # product embeds (its overhead), and encode of the records truncated (the cost of whole records).
+    # long abstracts (cut into pieces and pooled, and into best-piece scoring's overlapping halves).
+    # Baselines: encode of exactly the pieces the product embeds (its overhead), and encode of the records truncated (the cost of whole records).
     out: dict[str, Any] = {}
     shapes = {"short": [r for r in base if r["title"].endswith(")")][:384] or base[:384], "long": base[:192]}
     model.encode([r["body"] for r in base[-64:]], batch_size=32)  # warm-up: first calls are slower
     for shape, recs in shapes.items():
         sample = [{"type": "research", "title": r["title"] + " (throughput)", "body": r["body"]} for r in recs]
         texts = [embed_text(as_record(r)) for r in sample]
-        pieces, _ = st.pieces(texts)
+        pieces = st.pieces(texts)[0] + st.best_pieces(texts)[0]  # the pooled vectors' and best-piece scoring's
 
         def raw_pass(inputs: list[str]) -> float:
             t = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nubos_memory.embed.chunking import split_for_window, word_starts
+from nubos_memory.embed.chunking import overlapping_pieces, split_for_window, word_starts
 from nubos_memory.embed.model import pool_pieces
 
 
@@ -80,6 +81,49 @@ def test_pieces_fit_and_keep_every_token_in_order(title, body, limit, per_char):
     body_text = text[len(prefix):]
     got = "".join(p[len(prefix):] for p in pieces)
     assert re.sub(r"\s+", "", got) == re.sub(r"\s+", "", body_text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(title=st.integers(min_value=1, max_value=8),
+       ends=st.lists(st.sampled_from(["", "", ".", "\n", "!"]), max_size=80),
+       limit=st.integers(min_value=4, max_value=40))
+def test_overlapping_pieces_fit_overlap_by_half_and_cover_the_text(title, ends, limit):
+    # Words that are all different, so where two pieces overlap is plain to see.
+    body = " ".join(f"W{i}{end}" for i, end in enumerate(ends))
+    text = " ".join(f"T{i}" for i in range(title)) + "\n" + body
+    starts = whitespace_starts(text)
+    pieces = overlapping_pieces(text, starts, limit)
+    assert pieces == overlapping_pieces(text, starts, limit)  # deterministic
+    if len(starts) <= limit:
+        assert pieces == [text]
+        return
+    head = text[: text.index("\n") + 1]
+    prefix = head if count(head, whitespace_starts) <= limit // 2 else ""
+    room = limit - count(prefix, whitespace_starts)
+    assert all(p.startswith(prefix) and count(p, whitespace_starts) <= limit for p in pieces)
+    words = [p[len(prefix):].split() for p in pieces]
+    # Each piece is two halves: the second half of one is the first half of the next, at most half the room.
+    for a, b in itertools.pairwise(words):
+        shared = [w for w in a if w in set(b)]
+        assert shared and shared == b[:len(shared)] == a[len(a) - len(shared):]
+        assert len(shared) <= max(1, room // 2)
+    # Every word of the body is in some piece, in order.
+    seen = [w for i, ws in enumerate(words) for w in ws if i == 0 or w not in set(words[i - 1])]
+    assert seen == text[len(prefix):].split()
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3])
+def test_overlapping_pieces_fit_a_tiny_limit(limit):
+    for text in ("a\nb c d e f g", "title words\nb c d e f g", "b c d e f g"):
+        assert all(count(p, whitespace_starts) <= limit for p in overlapping_pieces(text, whitespace_starts(text), limit))
+
+
+def test_overlapping_pieces_of_a_long_record():
+    body = " ".join(f"Sentence number {i} ends here." for i in range(12))  # 5 words each
+    text = "Release pipeline\n" + body
+    pieces = overlapping_pieces(text, whitespace_starts(text), 22)  # 20 words of room: halves of 10
+    assert [p.split("\n", 1)[1] for p in pieces] == [
+        " ".join(f"Sentence number {i} ends here." for i in range(j, j + 4)) for j in range(0, 10, 2)]
 
 
 def test_pool_weights_the_first_piece_twice_and_normalises():

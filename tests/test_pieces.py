@@ -132,6 +132,92 @@ def test_a_generation_from_before_pieces_scores_pooled_until_rebuild(memory: Mem
     assert memory.stats()["pieces"]["rows"] == 8
 
 
+def test_a_rebuild_cuts_again_what_an_older_piece_rule_cut(memory: Memory, monkeypatch: pytest.MonkeyPatch):
+    """A generation whose pieces an older rule cut keeps its rule's name while writes extend it; a
+    rebuild embeds again the records that have pieces (not the others) and names today's rule."""
+    import nubos_memory.store.inmemory as inmemory
+
+    _as_v1(monkeypatch, inmemory)
+    memory.index([LONG, *SHORT])
+    monkeypatch.undo()
+    memory.add({**LONG, "title": "Another handoff"})  # a segment: the generation keeps its rule's name
+    stats = memory.stats()["pieces"]
+    assert stats["rule"] == "best piece v1" and "memory-rebuild" in stats["why"]
+    result = memory.rebuild()
+    assert result["embedded"] == 2  # the two long records; the six short ones keep their vectors
+    assert memory.stats()["pieces"] == {"rule": PIECE_RULE, "lambda": PIECE_LAMBDA, "rows": 8, "questions": None}
+    assert memory.rebuild()["embedded"] == 0  # today's rule: everything is kept
+
+
+def _as_v1(monkeypatch: pytest.MonkeyPatch, module: object) -> None:
+    """Generations the store commits from now on are named as best piece v1 named them."""
+    monkeypatch.setattr(module, "pieces_field", lambda pieces, previous=None: {
+        "pieces": {"rule": "best piece v1", "lambda": PIECE_LAMBDA, "rows": len(pieces) if pieces is not None else 0}})
+
+
+def test_a_hand_edit_under_an_older_piece_rule_keeps_its_name(project: Path, monkeypatch: pytest.MonkeyPatch):
+    import json
+
+    import nubos_memory.store.cache as cache
+
+    _as_v1(monkeypatch, cache)
+    mem = Memory(load_project(project), embedder=Paragraphs())
+    mem.index([LONG, *SHORT])
+    monkeypatch.undo()
+    log = mem.project.memory_dir / "records.jsonl"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    for line in lines:
+        if line.get("title") == "Cookies":
+            line["body"] = "session cookies are signed with the other key"
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    again = Memory(load_project(project), embedder=Paragraphs())
+    assert again.query(QUERY, mode="vector", k=10)["hits"]  # the edited record is embedded again, a new generation
+    assert again.stats()["pieces"]["rule"] == "best piece v1"  # the long record's pieces are still v1's
+    again.rebuild()
+    assert again.stats()["pieces"]["rule"] == PIECE_RULE
+
+
+class Sharing(InMemoryStore):
+    """Vectors shared by text, as the team database shares them (pooled vectors only, no pieces)."""
+
+    def __init__(self) -> None:
+        super().__init__(lock_timeout=2.0)
+        self.db: dict[tuple[str, str], np.ndarray] = {}
+
+    def shared_vectors(self, fingerprint: str, keys: list[str]) -> dict[str, np.ndarray]:
+        return {k: self.db[(fingerprint, k)] for k in keys if (fingerprint, k) in self.db}
+
+    def share_vectors(self, fingerprint: str, vectors: dict[str, np.ndarray]) -> None:
+        self.db.update({(fingerprint, k): v.copy() for k, v in vectors.items()})
+
+
+def test_cutting_again_never_takes_a_shared_vector_without_its_pieces(project: Path, monkeypatch: pytest.MonkeyPatch):
+    import nubos_memory.store.inmemory as inmemory
+
+    _as_v1(monkeypatch, inmemory)
+    mem = Memory(load_project(project), embedder=Paragraphs(), store=Sharing())
+    mem.index([LONG, *SHORT])
+    monkeypatch.undo()
+    mem.rebuild()
+    assert mem.stats()["pieces"] == {"rule": PIECE_RULE, "lambda": PIECE_LAMBDA, "rows": 4, "questions": None}
+
+
+def test_best_pieces_of_some_labels_read_in_blocks_equal_each_labels_own_best():
+    from nubos_memory.index.vectors import GATHER_ROWS, Pieces
+
+    rng = np.random.default_rng(7)
+    counts = rng.integers(0, 9, size=900)  # labels without pieces among them
+    owner = np.repeat(np.arange(len(counts)), counts)
+    vectors = rng.standard_normal((len(owner), 16)).astype(np.float32)
+    pieces, query = Pieces(vectors, owner), rng.standard_normal(16).astype(np.float32)
+    labels = np.sort(rng.choice(len(counts), 700, replace=False))
+    assert counts[labels].sum() > 2 * GATHER_ROWS  # several blocks
+    got = pieces.best_of(query, labels)
+    want = [float((vectors[owner == label] @ query).max()) if counts[label] else np.nan for label in labels]
+    # (float32 sums: a block's last bit can differ from a label's own product, as one copy's could)
+    np.testing.assert_allclose(got, np.array(want, dtype=np.float32), rtol=1e-6, atol=1e-6)
+
+
 def test_an_embedder_that_never_cuts_keeps_an_empty_rule(project: Path):
     mem = Memory(load_project(project), embedder=HashEmbedder("hash-256"), store=InMemoryStore(lock_timeout=2.0))
     mem.index([LONG, *SHORT])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 
 import numpy as np
@@ -92,6 +93,26 @@ def test_long_record_is_embedded_whole_not_truncated(torch_embedder):
     assert q @ pooled > q @ truncated + 0.05
     short = "Release pipeline\nmanual via workflow_dispatch"
     assert np.allclose(torch_embedder.embed([short])[0], model.encode([short], normalize_embeddings=True)[0], atol=1e-6)
+
+
+def test_best_pieces_are_half_the_window_and_overlap(torch_embedder):
+    """A record longer than half the window keeps pieces of half the window overlapping by half
+    (best piece v2, adr/0002); its pooled vector is embed()'s, bit for bit; a short one keeps none."""
+    runtime = torch_embedder.runtime()
+    sentences = [f"The billing service retries webhook delivery attempt {i} with backoff." for i in range(12)]
+    text = "Billing service notes\n" + " ".join(sentences)
+    tokens = len(runtime.token_starts([text])[0])
+    assert runtime.window // 2 < tokens <= runtime.window  # one piece for the pooled vector, several best ones
+    short = "Release pipeline\nmanual via workflow_dispatch"
+    pooled, parts = torch_embedder.embed_parts([short, text])
+    assert np.array_equal(pooled, torch_embedder.embed([short, text])) and set(parts) == {1}
+    pieces, owner = torch_embedder.best_pieces([short, text])
+    assert owner == [1] * len(pieces) and len(pieces) == len(parts[1]) >= 2
+    assert all(len(s) <= runtime.window // 2 for s in runtime.token_starts(pieces))
+    bodies = [p.split("\n", 1)[1] for p in pieces]
+    for a, b in itertools.pairwise(bodies):  # the second half of one piece opens the next
+        assert any(a.endswith(b[:i]) for i in range(len(b) // 4, len(b) - len(b) // 4))
+    assert np.allclose(parts[1], torch_embedder.embed(pieces), atol=1e-5)
 
 
 def test_one_short_text_skips_encode_and_gives_the_same_vector(torch_embedder, monkeypatch):

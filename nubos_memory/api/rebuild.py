@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import StoreError
 from ..faults import crash_point
-from ..index.vectors import Pieces, Questions, question_key, usable
+from ..index.vectors import PIECE_RULE, Pieces, Questions, question_key, usable
 from ..progress import Reporter, stage
 from ..records import embed_text
 from ..search.sideweight import estimate
@@ -54,19 +54,25 @@ class Rebuild:
     def __init__(self, snap: "Snapshot", store: "Store", vectors: "VectorSync", config: "MemoryConfig"):
         self.snap, self.store, self.vectors, self.config = snap, store, vectors, config
 
-    def reusable(self, ours: "Embedding", reembed: bool) -> "tuple[dict[str, int], VectorIndex | None]":
+    def reusable(self, ours: "Embedding", reembed: bool, scan: "LogScan"
+                 ) -> "tuple[dict[str, int], VectorIndex | None, set[str]]":
         """Rows of the current generation whose vectors can be kept, by text hash (none with ``reembed``, one
         from before pieces (``index/vectors.py``),
-        another model, or a broken generation: whatever is broken is replaced, on explicit request)."""
+        another model, or a broken generation: whatever is broken is replaced, on explicit request).
+        Under an older piece rule (``PIECE_RULE``), the records the embedder cuts into pieces now are not
+        kept: they are embedded again, with their pieces (the third value: their text hashes)."""
         try:
             manifest, current, _ = self.snap.vectors()  # (the snapshot's: one loader per cache)
         except StoreError:
-            return {}, None
+            return {}, None, set()
         if (reembed or manifest is None or current is None or current.pieces is None
                 or (manifest.get("embedding") or {}).get("fingerprint") != ours["fingerprint"]):
-            return {}, current  # (a generation from before pieces: its long records' pieces are missing)
+            return {}, current, set()  # (a generation from before pieces: its long records' pieces are missing)
         good = current.usable_rows()  # a bad row (NaN, zero) an older version stored is embedded again
-        return {h: i for i, h in enumerate(current.hashes) if good[i]}, current
+        reuse = {h: i for i, h in enumerate(current.hashes) if good[i]}
+        rule = manifest.get("pieces")
+        cut = self.cut_again(reuse, scan) if isinstance(rule, dict) and rule.get("rule") != PIECE_RULE else set()
+        return reuse, current, cut
 
     def rows(self, scan: "LogScan", ours: "Embedding", reembed: bool, progress: Reporter | None
              ) -> tuple[Rows, int]:
@@ -74,13 +80,20 @@ class Rebuild:
         all_hashes = self.snap.ensure_hashes()
         live = [p for p in range(len(scan.records)) if p not in scan.dead]  # the dead are not indexed
         records, hashes = [scan.records[p] for p in live], [all_hashes[p] for p in live]
-        reuse, current = self.reusable(ours, reembed)
+        reuse, current, cut = self.reusable(ours, reembed, scan)
         todo: dict[str, str] = {}
         for r, h in zip(records, hashes):
             if h not in reuse and h not in todo:
                 todo[h] = embed_text(r)
-        fresh, parts = self.vectors.embed_parts(list(todo.values()), stage(progress, "embedding"), shared=not reembed)
-        fresh_of = {h: i for i, h in enumerate(todo)}
+        # (what is cut again is embedded here, never taken from a team's shared vectors: those come without pieces)
+        order = [h for h in todo if h not in cut] + [h for h in todo if h in cut]
+        report = stage(progress, "embedding")
+        fresh, parts = self.vectors.embed_parts([todo[h] for h in order if h not in cut], report, shared=not reembed)
+        if cut:
+            again, again_parts = self.vectors.embed_parts([todo[h] for h in order if h in cut], report, shared=False)
+            parts.update((len(fresh) + i, rows) for i, rows in again_parts.items())
+            fresh = np.concatenate([fresh, again])
+        fresh_of = {h: i for i, h in enumerate(order)}
         vectors = np.zeros((len(records), self.vectors.embedder.dim), dtype=np.float32)
         rows_fresh = [(row, fresh_of[h]) for row, h in enumerate(hashes) if h in fresh_of]
         rows_reused = [(row, reuse[h]) for row, h in enumerate(hashes) if h not in fresh_of]
@@ -95,8 +108,21 @@ class Rebuild:
             pieces.update((row, current.piece_rows(label)) for row, label in rows_reused)
         pieces = {row: p for row, p in pieces.items() if len(p) > 1}
         rows = Rows(records, hashes, vectors, reused=len(rows_reused), positions=live, pieces=pieces)
-        rows.questions = self.questions(scan, live, current if reuse else None)
+        rows.questions = self.questions(scan, live, current if reuse or cut else None)
         return rows, len(todo)
+
+    def cut_again(self, reuse: dict[str, int], scan: "LogScan") -> set[str]:
+        """Drop from ``reuse`` the rows whose record the embedder cuts into pieces now (the current
+        generation's pieces were cut by an older rule); return their text hashes."""
+        hashes = self.snap.ensure_hashes()
+        text_of = {hashes[p]: embed_text(scan.records[p]) for p in range(len(scan.records))
+                   if p not in scan.dead and hashes[p] in reuse}
+        kept = list(text_of)
+        _, owner = self.vectors.embedder.best_pieces([text_of[h] for h in kept])
+        cut = {kept[i] for i in set(owner)}
+        for h in cut:
+            reuse.pop(h, None)
+        return cut
 
     def questions(self, scan: "LogScan", live: list[int], current: "VectorIndex | None"
                   ) -> dict[int, tuple[str, np.ndarray]]:

@@ -136,6 +136,11 @@ def pieces_status(manifest: "Manifest | None") -> dict[str, Any] | None:
     rule, hype = manifest.get("pieces"), manifest.get("questions")
     asked = {"questions": dict(hype) if isinstance(hype, dict) else None}  # HyPE's question vectors
     if isinstance(rule, dict):
+        from ..index.vectors import PIECE_RULE
+
+        if rule.get("rule") != PIECE_RULE:  # (records written since are cut by today's rule)
+            return {**rule, "why": f"long records written before {PIECE_RULE} keep their pieces until "
+                                   "memory-rebuild", **asked}
         return {**rule, **asked}
     return {"rule": None, "rows": 0, "why": "a vector generation from before best-piece scoring: long records "
                                             "score by their pooled vector until memory-rebuild", **asked}

@@ -83,8 +83,12 @@ class Embedder:
         return self.embed(texts)
 
     def embed_parts(self, texts: list[str]) -> "tuple[np.ndarray, dict[int, np.ndarray]]":
-        """:meth:`embed`, and the unit vectors of the pieces of each text that was embedded in
-        several (longer than the model's window), by text: best-piece scoring keeps them
-        (``index/vectors.py``).  An embedder that never cuts a text (the hash double, a gateway
-        that embeds whole texts) has none."""
+        """:meth:`embed`, and the unit vectors of each text's pieces (:meth:`best_pieces`) where it has
+        several, by text: best-piece scoring keeps them (``index/vectors.py``).  An embedder that never
+        cuts a text (the hash double, a gateway that embeds whole texts) has none."""
         return self.embed(texts), {}
+
+    def best_pieces(self, texts: list[str]) -> "tuple[list[str], list[int]]":
+        """The pieces :meth:`embed_parts` embeds for best-piece scoring, and the text each belongs to
+        (a text without any has none)."""
+        return [], []

@@ -13,6 +13,7 @@ inside it.
 
 from __future__ import annotations
 
+import itertools
 import re
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
@@ -95,25 +96,56 @@ def split_for_window(text: str, token_starts: Sequence[int], limit: int,
     if len(token_starts) <= limit:
         return [text]
     count = _Counter(token_starts)
+    prefix, room = _head(text, count, limit)
+    if blocks is not None and not prefix:
+        blocks = None  # the first line is no prefix: let every line be a unit
+    return [prefix + text[s:e] for s, e in _packed(text, len(prefix), count, room, blocks)] or [text]
+
+
+def overlapping_pieces(text: str, token_starts: Sequence[int], limit: int) -> list[str]:
+    """Pieces of ``text`` of at most ``limit`` tokens that overlap by about half (``text`` itself when
+    it fits): the body is packed as :func:`split_for_window` packs it, into halves of the room, and
+    each piece is two consecutive halves, under the repeated first line.  Best-piece scoring reads a
+    long record through these (``pooling.embed_parts_with``; adr/0002): a topic that starts in the
+    middle of one piece is whole in the next."""
+    if len(token_starts) <= limit:
+        return [text]
+    count = _Counter(token_starts)
+    prefix, room = _head(text, count, limit)
+    if room < 2:  # no two halves fit: the window's own pieces
+        return split_for_window(text, token_starts, limit)
+    halves = _packed(text, len(prefix), count, room // 2, None)
+    if len(halves) < 2:
+        return [prefix + text[s:e] for s, e in halves] or [text]
+    return [prefix + text[a[0]:b[1]] for a, b in itertools.pairwise(halves)]
+
+
+def _head(text: str, count: _Counter, limit: int) -> tuple[str, int]:
+    """The first line to repeat at the head of each piece ("" when it would take more than half of
+    ``limit``), and the tokens left for the rest."""
     nl = text.find("\n")
     head = nl + 1 if nl >= 0 else 0
     if count(0, head) > limit // 2:
         head = 0
-    prefix, room = text[:head], limit - count(0, head)
-    pieces: list[str] = []
+    return text[:head], limit - count(0, head)
+
+
+def _packed(text: str, head: int, count: _Counter, room: int, blocks: list[tuple[int, int]] | None
+            ) -> list[tuple[int, int]]:
+    """The spans of ``text[head:]`` that pieces hold: its units (``_units``) packed greedily from the
+    front, each span at most ``room`` tokens."""
+    spans: list[tuple[int, int]] = []
     cur: tuple[int, int] | None = None
-    if blocks is not None and head == 0:
-        blocks = None  # the first line is no prefix: let every line be a unit
     for s, e in _units(text, head, len(text), count, room, blocks):
         if cur is not None and count(cur[0], e) <= room:
             cur = (cur[0], e)
             continue
         if cur is not None:
-            pieces.append(prefix + text[cur[0]:cur[1]])
+            spans.append(cur)
         cur = (s, e)
     if cur is not None:
-        pieces.append(prefix + text[cur[0]:cur[1]])
-    return pieces or [text]
+        spans.append(cur)
+    return spans
 
 
 def char_estimate_starts(text: str, chars_per_token: int = 4) -> list[int]:

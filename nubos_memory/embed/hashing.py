@@ -9,6 +9,7 @@ close.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 
 import numpy as np
 
@@ -66,13 +67,24 @@ class ParagraphHashEmbedder(HashEmbedder):
     def embed_parts(self, texts: list[str]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         from .pooling import pooled_parts
 
+        pieces, owner = self._paragraphs(texts)
+        return pooled_parts(HashEmbedder.embed(self, pieces), owner, len(texts))
+
+    def best_pieces(self, texts: list[str]) -> tuple[list[str], list[int]]:
+        pieces, owner = self._paragraphs(texts)
+        counts = Counter(owner)
+        several = {o for o, n in counts.items() if n > 1}
+        return [p for p, o in zip(pieces, owner) if o in several], [o for o in owner if o in several]
+
+    @staticmethod
+    def _paragraphs(texts: list[str]) -> tuple[list[str], list[int]]:
         pieces: list[str] = []
         owner: list[int] = []
         for i, text in enumerate(texts):
             parts = [p for p in text.split("\n\n") if p.strip()] or [text]
             pieces += parts
             owner += [i] * len(parts)
-        return pooled_parts(HashEmbedder.embed(self, pieces), owner, len(texts))
+        return pieces, owner
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.embed_parts(texts)[0]

@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -32,13 +33,14 @@ from ..limits import DEFAULT_MODEL
 from ..userdirs import DOWNLOADS_ENV, allow_downloads
 from .base import Embedder
 from .modelfiles import digest, locate
-from .pooling import FIRST_PIECE_WEIGHT, Runtime, embed_parts_with, embed_with, pieces_for, pool_pieces
+from .pooling import FIRST_PIECE_WEIGHT, Runtime, best_pieces_for, embed_parts_with, embed_with, pieces_for, pool_pieces
 
 # The pooling helpers live in pooling.py; these names are still importable from here.
 __all__ = ["BATCH_ON_GPU", "DEFAULT_MODEL_DIM", "FIRST_PIECE_WEIGHT", "Choice", "ModelEmbedder", "Runtime",
            "embed_with", "gpu_device", "pieces_for", "pool_pieces"]
 
 DEFAULT_MODEL_DIM = 384
+_T = TypeVar("_T")
 
 
 def gpu_device() -> str | None:
@@ -259,15 +261,26 @@ class ModelEmbedder(Embedder):
         """Every text cut to fit the model's window, and the text each piece belongs to."""
         return pieces_for(self.runtime(), texts)
 
+    def best_pieces(self, texts: list[str]) -> tuple[list[str], list[int]]:
+        """The pieces best-piece scoring keeps of each text longer than half the window, and the text
+        each belongs to (``pooling.best_pieces_for``)."""
+        return best_pieces_for(self.runtime(), texts)
+
     def embed(self, texts: list[str]) -> np.ndarray:
-        return self.embed_parts(texts)[0]
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return self._guarded(embed_with, texts)
 
     def embed_parts(self, texts: list[str]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
-        runtime = self.batch_runtime(len(texts))
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32), {}
+        return self._guarded(embed_parts_with, texts)
+
+    def _guarded(self, run: Callable[[Runtime, list[str]], _T], texts: list[str]) -> _T:
+        """``run`` on the runtime for a batch of this size; any failure of the model is embedding-failed."""
+        runtime = self.batch_runtime(len(texts))
         try:
-            return embed_parts_with(runtime, texts)
+            return run(runtime, texts)
         except EmbeddingError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of the model: embedding-failed

@@ -5,17 +5,21 @@ torch runs the model's own).  A text longer than the model's window is cut into
 pieces that fit (``chunking.py``, at the offsets the runtime's tokenizer
 reports), each piece is embedded, and the text's vector is their mean with the
 first piece counted twice, normalised (``pool_pieces``; adr/0002 has the
-SciFact numbers).  A ``Runtime`` (``torch_runtime.py``, ``onnx_runtime.py``)
-only tokenises and encodes pieces; ``embed_with`` does the rest.
+SciFact numbers).  For best-piece scoring (``index/vectors.py``) a text longer than
+half the window is also cut into pieces of half the window that overlap by half
+(``best_pieces_for``), whose vectors ``embed_parts_with`` returns beside the pooled
+ones.  A ``Runtime`` (``torch_runtime.py``, ``onnx_runtime.py``) only tokenises and
+encodes pieces; ``embed_with`` and ``embed_parts_with`` do the rest.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
 
-from .chunking import split_for_window
+from .chunking import overlapping_pieces, split_for_window
 
 FIRST_PIECE_WEIGHT = 2.0
 
@@ -54,13 +58,40 @@ def pool(hidden: np.ndarray, mask: np.ndarray, modes: list[str]) -> np.ndarray:
     return np.concatenate(out, axis=-1) if len(out) > 1 else out[0]
 
 
-def pieces_for(runtime: Runtime, texts: list[str]) -> tuple[list[str], list[int]]:
+def pieces_for(runtime: Runtime, texts: list[str], starts: list[list[int]] | None = None
+               ) -> tuple[list[str], list[int]]:
     """Every text cut into pieces that fit the runtime's window (``chunking.split_for_window``, at its
-    tokenizer's token offsets), and the text each piece belongs to."""
+    tokenizer's token offsets ``starts``, asked of the runtime when not given), and the text each
+    piece belongs to: what the pooled vector is made of."""
+    return _cut(texts, runtime.token_starts(texts) if starts is None else starts,
+                lambda text, at: split_for_window(text, at, runtime.window))
+
+
+def best_pieces_for(runtime: Runtime, texts: list[str], starts: list[list[int]] | None = None
+                    ) -> tuple[list[str], list[int]]:
+    """The pieces best-piece scoring keeps (``PIECE_RULE``, index/vectors.py) of every text longer than
+    half the runtime's window: pieces of half the window overlapping by half
+    (``chunking.overlapping_pieces``), and the text each belongs to.  A shorter text has none."""
+    half = best_piece_window(runtime)
+    at = runtime.token_starts(texts) if starts is None else starts
+    longer = [i for i, s in enumerate(at) if len(s) > half]
+    pieces, owner = _cut([texts[i] for i in longer], [at[i] for i in longer],
+                         lambda text, s: overlapping_pieces(text, s, half))
+    return pieces, [longer[o] for o in owner]
+
+
+def best_piece_window(runtime: Runtime) -> int:
+    """Tokens per best-piece piece: half the model's window (127 for MiniLM's 254, near the 128 it was
+    trained on; adr/0002 measured pieces of the whole window and of half of it)."""
+    return max(1, runtime.window // 2)
+
+
+def _cut(texts: list[str], starts: list[list[int]], cut: "Callable[[str, list[int]], list[str]]"
+         ) -> tuple[list[str], list[int]]:
     pieces: list[str] = []
     owner: list[int] = []
-    for i, (text, starts) in enumerate(zip(texts, runtime.token_starts(texts))):
-        for piece in split_for_window(text, starts, runtime.window):
+    for i, (text, at) in enumerate(zip(texts, starts)):
+        for piece in cut(text, at):
             pieces.append(piece)
             owner.append(i)
     return pieces, owner
@@ -68,19 +99,32 @@ def pieces_for(runtime: Runtime, texts: list[str]) -> tuple[list[str], list[int]
 
 def embed_with(runtime: Runtime, texts: list[str]) -> np.ndarray:
     """One unit vector per text: texts that fit the window as they are, longer ones in pooled pieces."""
-    return embed_parts_with(runtime, texts)[0]
+    if _one_that_fits(runtime, texts, runtime.window):
+        return runtime.encode(texts)
+    pieces, owner = pieces_for(runtime, texts)
+    vecs = runtime.encode(pieces)
+    return vecs if len(vecs) == len(texts) else pool_pieces(vecs, np.asarray(owner), len(texts))
 
 
 def embed_parts_with(runtime: Runtime, texts: list[str]) -> "tuple[np.ndarray, dict[int, np.ndarray]]":
-    """:func:`embed_with`, and the piece vectors of every text longer than the window, by text
-    (``(pieces, dim)``, in text order): what best-piece scoring keeps (``index/vectors.py``)."""
-    # A query: most fit the window.  A character is at most 4 tokens (UTF-8 bytes, for byte-level
-    # tokenizers), so a short text fits for sure; a longer one is counted.
-    if len(texts) == 1 and (4 * len(texts[0]) <= runtime.window
-                            or len(runtime.token_starts(texts)[0]) <= runtime.window):
+    """:func:`embed_with`, and the best-piece vectors (:func:`best_pieces_for`) of every text longer
+    than half the window, by text (``(pieces, dim)``, in text order): what best-piece scoring keeps
+    (``index/vectors.py``).  The pooled vectors are :func:`embed_with`'s, bit for bit (their pieces are
+    encoded as it encodes them: the best pieces in a call of their own)."""
+    if _one_that_fits(runtime, texts, best_piece_window(runtime)):
         return runtime.encode(texts), {}
-    pieces, owner = pieces_for(runtime, texts)
-    return pooled_parts(runtime.encode(pieces), owner, len(texts))
+    starts = runtime.token_starts(texts)
+    pieces, owner = pieces_for(runtime, texts, starts)
+    best, best_owner = best_pieces_for(runtime, texts, starts)
+    whole = runtime.encode(pieces)
+    pooled = whole if len(pieces) == len(texts) else pool_pieces(whole, np.asarray(owner), len(texts))
+    return pooled, several_pieces(runtime.encode(best), np.asarray(best_owner, dtype=np.int64)) if best else {}
+
+
+def _one_that_fits(runtime: Runtime, texts: list[str], window: int) -> bool:
+    """One text (a query, a note) that fits ``window`` tokens: a character is at most 4 tokens (UTF-8
+    bytes, for byte-level tokenizers), so a short text fits for sure; a longer one is counted."""
+    return len(texts) == 1 and (4 * len(texts[0]) <= window or len(runtime.token_starts(texts)[0]) <= window)
 
 
 def pooled_parts(vecs: np.ndarray, owner: "list[int] | np.ndarray", n: int

@@ -60,6 +60,9 @@ class Prefixed(Embedder):
     def embed_parts(self, texts: list[str]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         return self.inner.embed_parts([self.passage_prefix + t for t in texts])
 
+    def best_pieces(self, texts: list[str]) -> tuple[list[str], list[int]]:
+        return self.inner.best_pieces([self.passage_prefix + t for t in texts])
+
     def embed_query(self, texts: list[str]) -> np.ndarray:
         return self.inner.embed_query([self.query_prefix + t for t in texts])
 

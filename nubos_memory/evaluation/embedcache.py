@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..embed.base import Embedder
-from ..embed.pooling import pooled_parts
+from ..embed.pooling import pool_pieces, several_pieces
 from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, ensure_dir, loads
 
 
@@ -79,9 +79,13 @@ class CachedEmbedder(Embedder):
         if split is None:  # a model that never cuts a text
             return self.embed(texts), {}
         pieces, owner = split(texts)
-        if len(pieces) == len(texts):
-            return self.embed(texts), {}  # (remembered by the whole text, as before pieces were kept)
-        return pooled_parts(self.embed(pieces), owner, len(texts))
+        pooled = self.embed(texts) if len(pieces) == len(texts) else pool_pieces(self.embed(pieces), np.asarray(owner),
+                                                                                len(texts))
+        best, best_owner = self.inner.best_pieces(texts)  # (what best-piece scoring keeps: pooling.py)
+        return pooled, several_pieces(self.embed(best), np.asarray(best_owner, dtype=np.int64)) if best else {}
+
+    def best_pieces(self, texts: list[str]) -> tuple[list[str], list[int]]:
+        return self.inner.best_pieces(texts) if getattr(self.inner, "pieces", None) is not None else ([], [])
 
     def save(self) -> None:
         if len(self._keys) == self._saved:

@@ -2,7 +2,7 @@
 
 Up to ``vectors.EXACT_LIMIT`` records in scope every cosine is computed; above,
 HNSW proposes candidates and a fixed sample of the scope (``STATS_SAMPLE``
-records) stands in for the distribution; the records whose best piece is closest to the query
+records, ``STATS_SAMPLE_PIECES`` where best pieces are read on demand) stands in for the distribution; the records whose best piece is closest to the query
 are candidates beside HNSW's (a several-piece record's cosine mixes its best piece's and its
 pooled vector's, a record with HyPE questions scores the better of that and its closest question's:
 ``index/vectors.py``).  Only the cosines a query needs are
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from .snapshot import Snapshot, VectorState
 
 STATS_SAMPLE = 1000  # records whose cosine stands in for the distribution in a large scope
+# ... where best pieces are read on demand (``Cosines.lazy``): a quarter as many, as best piece v2 keeps about
+# four times v1's piece rows a long record, so the statistics read as many rows as they did (adr/0002)
+STATS_SAMPLE_PIECES = STATS_SAMPLE // 4
 PIECE_POOL = 4  # above EXACT_LIMIT: the n_cand × this closest records by pooled vector have their pieces read
 
 
@@ -163,7 +166,8 @@ def _approximate_top(cosines: Cosines, in_scope: np.ndarray, snap: Snapshot,
     proposed = np.concatenate([proposed[inside],  # never a row outside the scope (positions are sorted)
                                extra[np.isin(extra, scope.positions)] if len(extra) else extra])
     rng = np.random.default_rng(len(in_scope))  # a fixed sample for a given memory size
-    stats_of = np.sort(rng.choice(in_scope, min(STATS_SAMPLE, len(in_scope)), replace=False))
+    size = STATS_SAMPLE_PIECES if cosines.lazy else STATS_SAMPLE
+    stats_of = np.sort(rng.choice(in_scope, min(size, len(in_scope)), replace=False))
     cosines.compute(scope.neighbourhood(distinct(np.concatenate([proposed, stats_of]))))
     return top(proposed, cosines.cos[proposed], scope.n_cand), stats_of
 
