@@ -202,6 +202,31 @@ def test_cutting_again_never_takes_a_shared_vector_without_its_pieces(project: P
     assert mem.stats()["pieces"] == {"rule": PIECE_RULE, "lambda": PIECE_LAMBDA, "rows": 4, "questions": None}
 
 
+def test_cutting_again_keeps_the_shared_count_and_one_progress_count(project: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    """A rebuild under an older piece rule embeds in two calls (the records cut again never from shared
+    vectors): the answer still counts what the team store gave, and progress is one count."""
+    import nubos_memory.store.inmemory as inmemory
+
+    _as_v1(monkeypatch, inmemory)
+    store = Sharing()
+    mem = Memory(load_project(project), embedder=Paragraphs(), store=store)
+    mem.index([LONG, *SHORT])
+    monkeypatch.undo()
+    fingerprint = mem.vectors.our_embedding()["fingerprint"]
+    others = [{**mem.scan().records[-1], "id": f"{mem.scan().records[-1]['id'][:-4]}{tail}", "title": title}
+              for tail, title in (("beef", "Shared elsewhere"), ("cafe", "Also only in the log"))]
+    shared_text = embed_text(others[0])
+    store.db[(fingerprint, hashlib.sha256(shared_text.encode()).hexdigest()[:32])] = Paragraphs().embed([shared_text])[0]
+    with store.lock("test"):
+        store.append(others)  # another machine's records: in the log, not in this generation
+    mem.scan()
+    seen: list[tuple[int, int]] = []
+    result = mem.rebuild(lambda stage, done, total: seen.append((done, total)) if stage == "embedding" else None)
+    assert (result["shared"], result["embedded"]) == (1, 2)  # the long record and one new one embedded here
+    assert {total for _, total in seen} == {3} and [done for done, _ in seen] == sorted(done for done, _ in seen)
+
+
 def test_best_pieces_of_some_labels_read_in_blocks_equal_each_labels_own_best():
     from nubos_memory.index.vectors import GATHER_ROWS, Pieces
 

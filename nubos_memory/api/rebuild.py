@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import StoreError
 from ..faults import crash_point
 from ..index.vectors import PIECE_RULE, Pieces, Questions, question_key, usable
-from ..progress import Reporter, stage
+from ..progress import Progress, Reporter, stage
 from ..records import embed_text
 from ..search.sideweight import estimate
 from ..search.snapshot import VectorState
@@ -88,9 +88,17 @@ class Rebuild:
         # (what is cut again is embedded here, never taken from a team's shared vectors: those come without pieces)
         order = [h for h in todo if h not in cut] + [h for h in todo if h in cut]
         report = stage(progress, "embedding")
-        fresh, parts = self.vectors.embed_parts([todo[h] for h in order if h not in cut], report, shared=not reembed)
+        first = [todo[h] for h in order if h not in cut]
+
+        def counted(before: int) -> "Progress | None":  # one count over both calls
+            return None if report is None else (lambda done, _total: report(before + done, len(order)))
+
+        fresh, parts = self.vectors.embed_parts(first, counted(0), shared=not reembed)
         if cut:
-            again, again_parts = self.vectors.embed_parts([todo[h] for h in order if h in cut], report, shared=False)
+            shared = self.vectors.shared  # (the second call shares nothing: the first call's count stands)
+            again, again_parts = self.vectors.embed_parts([todo[h] for h in order if h in cut], counted(len(first)),
+                                                          shared=False)
+            self.vectors.shared = shared
             parts.update((len(fresh) + i, rows) for i, rows in again_parts.items())
             fresh = np.concatenate([fresh, again])
         fresh_of = {h: i for i, h in enumerate(order)}
