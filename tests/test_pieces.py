@@ -151,7 +151,7 @@ def test_a_rebuild_cuts_again_what_an_older_piece_rule_cut(memory: Memory, monke
 
 def _as_v1(monkeypatch: pytest.MonkeyPatch, module: object) -> None:
     """Generations the store commits from now on are named as best piece v1 named them."""
-    monkeypatch.setattr(module, "pieces_field", lambda pieces, previous=None: {
+    monkeypatch.setattr(module, "pieces_field", lambda pieces, previous, rebuilt: {
         "pieces": {"rule": "best piece v1", "lambda": PIECE_LAMBDA, "rows": len(pieces) if pieces is not None else 0}})
 
 

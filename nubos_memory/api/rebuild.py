@@ -54,7 +54,7 @@ class Rebuild:
     def __init__(self, snap: "Snapshot", store: "Store", vectors: "VectorSync", config: "MemoryConfig"):
         self.snap, self.store, self.vectors, self.config = snap, store, vectors, config
 
-    def reusable(self, ours: "Embedding", reembed: bool, scan: "LogScan"
+    def reusable(self, ours: "Embedding", reembed: bool, records: "list[Record]", hashes: list[str]
                  ) -> "tuple[dict[str, int], VectorIndex | None, set[str]]":
         """Rows of the current generation whose vectors can be kept, by text hash (none with ``reembed``, one
         from before pieces (``index/vectors.py``),
@@ -71,7 +71,8 @@ class Rebuild:
         good = current.usable_rows()  # a bad row (NaN, zero) an older version stored is embedded again
         reuse = {h: i for i, h in enumerate(current.hashes) if good[i]}
         rule = manifest.get("pieces")
-        cut = self.cut_again(reuse, scan) if isinstance(rule, dict) and rule.get("rule") != PIECE_RULE else set()
+        cut = self.cut_again(reuse, records, hashes) if isinstance(rule, dict) and rule.get("rule") != PIECE_RULE \
+            else set()
         return reuse, current, cut
 
     def rows(self, scan: "LogScan", ours: "Embedding", reembed: bool, progress: Reporter | None
@@ -80,7 +81,7 @@ class Rebuild:
         all_hashes = self.snap.ensure_hashes()
         live = [p for p in range(len(scan.records)) if p not in scan.dead]  # the dead are not indexed
         records, hashes = [scan.records[p] for p in live], [all_hashes[p] for p in live]
-        reuse, current, cut = self.reusable(ours, reembed, scan)
+        reuse, current, cut = self.reusable(ours, reembed, records, hashes)
         todo: dict[str, str] = {}
         for r, h in zip(records, hashes):
             if h not in reuse and h not in todo:
@@ -119,12 +120,11 @@ class Rebuild:
         rows.questions = self.questions(scan, live, current if reuse or cut else None)
         return rows, len(todo)
 
-    def cut_again(self, reuse: dict[str, int], scan: "LogScan") -> set[str]:
-        """Drop from ``reuse`` the rows whose record the embedder cuts into pieces now (the current
-        generation's pieces were cut by an older rule); return their text hashes."""
-        hashes = self.snap.ensure_hashes()
-        text_of = {hashes[p]: embed_text(scan.records[p]) for p in range(len(scan.records))
-                   if p not in scan.dead and hashes[p] in reuse}
+    def cut_again(self, reuse: dict[str, int], records: "list[Record]", hashes: list[str]) -> set[str]:
+        """Drop from ``reuse`` the rows whose record (of the live ``records``, by text hash) the embedder
+        cuts into pieces now (the current generation's pieces were cut by an older rule); return their
+        text hashes."""
+        text_of = {h: embed_text(r) for r, h in zip(records, hashes) if h in reuse}
         kept = list(text_of)
         _, owner = self.vectors.embedder.best_pieces([text_of[h] for h in kept])
         cut = {kept[i] for i in set(owner)}

@@ -99,11 +99,11 @@ def _cut(texts: list[str], starts: list[list[int]], cut: "Callable[[str, list[in
 
 def embed_with(runtime: Runtime, texts: list[str]) -> np.ndarray:
     """One unit vector per text: texts that fit the window as they are, longer ones in pooled pieces."""
-    if _one_that_fits(runtime, texts, runtime.window):
+    starts = _starts(runtime, texts, runtime.window)
+    if starts is None:
         return runtime.encode(texts)
-    pieces, owner = pieces_for(runtime, texts)
-    vecs = runtime.encode(pieces)
-    return vecs if len(vecs) == len(texts) else pool_pieces(vecs, np.asarray(owner), len(texts))
+    pieces, owner = pieces_for(runtime, texts, starts)
+    return pooled(runtime.encode(pieces), owner, len(texts))
 
 
 def embed_parts_with(runtime: Runtime, texts: list[str]) -> "tuple[np.ndarray, dict[int, np.ndarray]]":
@@ -111,30 +111,42 @@ def embed_parts_with(runtime: Runtime, texts: list[str]) -> "tuple[np.ndarray, d
     than half the window, by text (``(pieces, dim)``, in text order): what best-piece scoring keeps
     (``index/vectors.py``).  The pooled vectors are :func:`embed_with`'s, bit for bit (their pieces are
     encoded as it encodes them: the best pieces in a call of their own)."""
-    if _one_that_fits(runtime, texts, best_piece_window(runtime)):
+    starts = _starts(runtime, texts, best_piece_window(runtime))
+    if starts is None:
         return runtime.encode(texts), {}
-    starts = runtime.token_starts(texts)
     pieces, owner = pieces_for(runtime, texts, starts)
     best, best_owner = best_pieces_for(runtime, texts, starts)
-    whole = runtime.encode(pieces)
-    pooled = whole if len(pieces) == len(texts) else pool_pieces(whole, np.asarray(owner), len(texts))
-    return pooled, several_pieces(runtime.encode(best), np.asarray(best_owner, dtype=np.int64)) if best else {}
+    return pooled(runtime.encode(pieces), owner, len(texts)), kept_pieces(runtime.encode, best, best_owner)
 
 
-def _one_that_fits(runtime: Runtime, texts: list[str], window: int) -> bool:
-    """One text (a query, a note) that fits ``window`` tokens: a character is at most 4 tokens (UTF-8
-    bytes, for byte-level tokenizers), so a short text fits for sure; a longer one is counted."""
-    return len(texts) == 1 and (4 * len(texts[0]) <= window or len(runtime.token_starts(texts)[0]) <= window)
+def _starts(runtime: Runtime, texts: list[str], window: int) -> list[list[int]] | None:
+    """The texts' token starts, or None for one text (a query, a note) that fits ``window`` tokens: a
+    character is at most 4 tokens (UTF-8 bytes, for byte-level tokenizers), so a short one is not even
+    tokenised."""
+    if len(texts) == 1 and 4 * len(texts[0]) <= window:
+        return None
+    starts = runtime.token_starts(texts)
+    return None if len(texts) == 1 and len(starts[0]) <= window else starts
+
+
+def pooled(vecs: np.ndarray, owner: "list[int] | np.ndarray", n: int) -> np.ndarray:
+    """``n`` texts' vectors from their pieces' (``vecs``; ``owner``: the text each belongs to):
+    :func:`pool_pieces`, unless every text is one piece."""
+    return vecs if len(vecs) == n else pool_pieces(vecs, np.asarray(owner), n)
+
+
+def kept_pieces(embed: "Callable[[list[str]], np.ndarray]", pieces: list[str], owner: list[int]
+                ) -> dict[int, np.ndarray]:
+    """What best-piece scoring keeps of ``pieces`` (``owner``: the text each belongs to): their vectors
+    by text, for each text with several (:func:`several_pieces`); nothing is embedded when there are none."""
+    return several_pieces(embed(pieces), np.asarray(owner, dtype=np.int64)) if pieces else {}
 
 
 def pooled_parts(vecs: np.ndarray, owner: "list[int] | np.ndarray", n: int
                  ) -> "tuple[np.ndarray, dict[int, np.ndarray]]":
-    """``n`` texts' vectors from their pieces' (``vecs``, the text each belongs to: ``owner``), and the
-    pieces of the texts that have several (what :func:`embed_parts_with` returns)."""
-    if len(vecs) == n:  # everything fit the window: nothing to pool
-        return vecs, {}
-    rows = np.asarray(owner)
-    return pool_pieces(vecs, rows, n), several_pieces(vecs, rows)
+    """:func:`pooled`, and the pieces of the texts that have several, from the same pieces (the hash
+    double's rule: ``hashing.ParagraphHashEmbedder``)."""
+    return pooled(vecs, owner, n), ({} if len(vecs) == n else several_pieces(vecs, np.asarray(owner)))
 
 
 def several_pieces(vecs: np.ndarray, owner: np.ndarray) -> dict[int, np.ndarray]:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..embed.base import Embedder
-from ..embed.pooling import pool_pieces, several_pieces
+from ..embed.pooling import kept_pieces, pooled
 from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, ensure_dir, loads
 
 
@@ -78,11 +78,9 @@ class CachedEmbedder(Embedder):
             return np.zeros((0, self.dim), dtype=np.float32), {}
         if split is None:  # a model that never cuts a text
             return self.embed(texts), {}
-        pieces, owner = split(texts)
-        pooled = self.embed(texts) if len(pieces) == len(texts) else pool_pieces(self.embed(pieces), np.asarray(owner),
-                                                                                len(texts))
+        pieces, owner = split(texts)  # (a text that fits is its own one piece: remembered by the whole text)
         best, best_owner = self.inner.best_pieces(texts)  # (what best-piece scoring keeps: pooling.py)
-        return pooled, several_pieces(self.embed(best), np.asarray(best_owner, dtype=np.int64)) if best else {}
+        return pooled(self.embed(pieces), owner, len(texts)), kept_pieces(self.embed, best, best_owner)
 
     def best_pieces(self, texts: list[str]) -> tuple[list[str], list[int]]:
         return self.inner.best_pieces(texts) if getattr(self.inner, "pieces", None) is not None else ([], [])

@@ -119,13 +119,13 @@ def _create(path: Path) -> Any:
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE), "wb")
 
 
-def pieces_field(pieces: Pieces | None, previous: Manifest | None = None) -> dict[str, Any]:
+def pieces_field(pieces: Pieces | None, previous: Manifest | None, rebuilt: bool) -> dict[str, Any]:
     """The manifest's ``pieces`` field: the scoring rule of a generation that keeps pieces (none: before it).
     Any generation but a rebuild's keeps ``previous``'s rule's name (it carries pieces that rule cut;
     ``memory-rebuild`` cuts them again: api/rebuild.py)."""
     if pieces is None:
         return {}
-    rule = (previous or {}).get("pieces")
+    rule = None if rebuilt else (previous or {}).get("pieces")
     name = rule.get("rule") if isinstance(rule, dict) and isinstance(rule.get("rule"), str) else PIECE_RULE
     return {"pieces": {"rule": name, "lambda": PIECE_LAMBDA, "rows": len(pieces)}}
 
@@ -594,7 +594,7 @@ class DerivedCache:
                                  covers={"count": count, "digest": covers_digest(ids, hashes),
                                          "last_id": ids[-1] if ids else None},
                                  side_weight=side_weight,
-                                 fields={**pieces_field(pieces, None if rebuilt else previous),
+                                 fields={**pieces_field(pieces, previous, rebuilt),
                                          **questions_field(questions if count else None),
                                          **(extra or {})})
             manifest = cast(Manifest, sign(doc))

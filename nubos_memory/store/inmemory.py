@@ -344,7 +344,7 @@ class InMemoryStore:
             "rebuilt_at": now if rebuilt else (previous or {}).get("rebuilt_at"),
             "updated_at": now,
             **carried_side_weight(side_weight, previous),
-            **pieces_field(pieces, None if rebuilt else previous),
+            **pieces_field(pieces, previous, rebuilt),
             **questions_field(questions if ids else None),
         }
         manifest = cast(Manifest, doc)
