@@ -30,6 +30,7 @@ from .limits import (
     MAX_GENERATOR_CALL_S,
     MAX_QUESTIONS,
     PROVIDERS,
+    QUERY_EMBEDDINGS,
     RUNTIMES,
     SIDE_WEIGHTS,
     WORKTREES,
@@ -46,7 +47,8 @@ CONFIG_FILE = "config.json"
 # Settings whose value is one of a fixed set (limits.py holds the sets).
 CHOICES: dict[str, tuple[str, ...]] = {"provider": PROVIDERS, "fusion": FUSIONS, "context": CONTEXTS,
                                        "runtime": RUNTIMES, "device": DEVICES, "backend": BACKENDS,
-                                       "worktrees": WORKTREES, "side_weights": SIDE_WEIGHTS}
+                                       "worktrees": WORKTREES, "side_weights": SIDE_WEIGHTS,
+                                       "queries": QUERY_EMBEDDINGS}
 DSN_ENV = "NUBOS_MEMORY_DSN"
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -104,6 +106,7 @@ class MemoryConfig:
     context: str = "auto"  # neighbour context for short records (search/neighbours.py); "off"
     runtime: str = "auto"  # what runs the model: auto (ONNX when exact, else torch), onnx, torch (adr/0012)
     device: str = "auto"  # auto (a GPU for batches when there is one), cpu, cuda, mps
+    queries: str = "int8"  # what embeds a search query on ONNX: the model's int8 copy, or "exact" (adr/0022)
     candidates: int = 100
     types: tuple[str, ...] = ()
     lock_timeout: float = 30.0

@@ -30,8 +30,8 @@ def test_the_query_path_embeds_queries_with_the_query_prefix(project: Path):
     assert make_embedder("hash", "hash-256", config=MemoryConfig()).fingerprint == plain.fingerprint  # none: as before
     assert index_records(project, [rec("pnpm cache", "corepack")]).code == 0
     asked: list[list[str]] = []
-    embed_query = mem.embedder.embed_query
-    mem.embedder.embed_query = lambda texts: asked.append(texts) or embed_query(texts)  # type: ignore[method-assign]
+    embed_search = mem.embedder.embed_search
+    mem.embedder.embed_search = lambda texts: asked.append(texts) or embed_search(texts)  # type: ignore[method-assign]
     assert mem.query("pnpm cache", track=False)["degraded"] is None
     assert asked == [["pnpm cache"]]  # the query path asks for a query's vector, not a passage's
 

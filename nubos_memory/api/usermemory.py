@@ -185,9 +185,10 @@ def scope_answer(mem: "Memory", names: list[str], base: dict[str, Any] | None) -
 def share_embedder(mem: "Memory", user: "Memory") -> None:
     """The user memory embeds queries with the project's embedder when both are configured alike (one model
     loaded, one query vector)."""
+    from ..embed import EMBEDDER_SETTINGS
+
     a, b = mem.config, user.config
-    same = ("provider", "model", "runtime", "device", "base_url", "query_prefix", "passage_prefix", "input_type")
-    if user.loaded_embedder() is None and all(getattr(a, key) == getattr(b, key) for key in same):
+    if user.loaded_embedder() is None and all(getattr(a, key) == getattr(b, key) for key in EMBEDDER_SETTINGS):
         user.use_embedder(mem.embedder)
 
 

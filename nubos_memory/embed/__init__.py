@@ -11,10 +11,16 @@ if TYPE_CHECKING:
     from ..config import MemoryConfig
 
 
+# The settings make_embedder reads (here or in the gateway): a warm process that sees none of them change
+# keeps its loaded model (interfaces/warm.py).
+EMBEDDER_SETTINGS = ("provider", "model", "runtime", "device", "queries", "query_prefix", "passage_prefix",
+                     "input_type", "base_url", "api_key_env", "embed_timeout_s", "breaker")
+
+
 def make_embedder(provider: str, model: str, runtime: str = "auto", device: str = "auto",
-                  config: "MemoryConfig | None" = None) -> Embedder:
-    """The embedder a config names (the model itself loads on first use; a gateway's settings come
-    from ``config``)."""
+                  config: "MemoryConfig | None" = None, *, queries: str | None = None) -> Embedder:
+    """The embedder a config names (the model itself loads on first use; a gateway's settings and
+    ``queries`` (default ``memory.queries``) come from ``config``)."""
     from .prefixed import prefixed
 
     query_prefix, passage_prefix = (config.query_prefix, config.passage_prefix) if config is not None else ("", "")
@@ -28,7 +34,8 @@ def make_embedder(provider: str, model: str, runtime: str = "auto", device: str 
         return prefixed(gateway, query_prefix, passage_prefix)
     from .model import ModelEmbedder
 
-    return prefixed(ModelEmbedder(model, runtime=runtime, device=device), query_prefix, passage_prefix)
+    queries = queries or (config.queries if config is not None else "int8")
+    return prefixed(ModelEmbedder(model, runtime=runtime, device=device, queries=queries), query_prefix, passage_prefix)
 
 
-__all__ = ["Embedder", "HashEmbedder", "fingerprint_of", "make_embedder"]
+__all__ = ["EMBEDDER_SETTINGS", "Embedder", "HashEmbedder", "fingerprint_of", "make_embedder"]

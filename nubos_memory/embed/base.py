@@ -82,6 +82,18 @@ class Embedder:
         marks queries and passages apart (``prefixed.py``; a gateway's ``input_type``)."""
         return self.embed(texts)
 
+    def embed_search(self, texts: list[str]) -> np.ndarray:
+        """The vectors a search ranks by (the query path's one call): :meth:`embed_query`'s, unless the
+        embedder has a faster copy of its model for queries (a local model on ONNX: its int8 copy,
+        ``onnx_int8.py``).  Never for anything stored: HyPE questions and the side-weight estimate's
+        pseudo-queries take :meth:`embed_query`."""
+        return self.embed_query(texts)
+
+    def search_key(self) -> str:
+        """What names :meth:`embed_search`'s vectors beside the fingerprint: ``"query"`` when they are
+        :meth:`embed_query`'s, else the faster copy's identity (a cache keeps them apart by it)."""
+        return "query"
+
     def embed_parts(self, texts: list[str]) -> "tuple[np.ndarray, dict[int, np.ndarray]]":
         """:meth:`embed`, and the unit vectors of each text's pieces (:meth:`best_pieces`) where it has
         several, by text: best-piece scoring keeps them (``index/vectors.py``).  An embedder that never

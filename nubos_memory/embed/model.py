@@ -17,9 +17,11 @@ which one runs a model, and why.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,17 +73,23 @@ class ModelEmbedder(Embedder):
     settings ask for (adr/0012): ``runtime`` ``auto`` (ONNX on the CPU when the model can run there
     exactly, else torch), ``onnx`` or ``torch``; ``device`` ``auto`` (a GPU for batches when there is
     one), ``cpu``, ``cuda`` or ``mps``.  Every runtime gives the same vectors (within float rounding),
-    so the runtime is not part of the fingerprint."""
+    so the runtime is not part of the fingerprint.  Search queries are embedded by the model's int8
+    copy where it runs on ONNX (``memory.queries``, ``onnx_int8.py``, adr/0022)."""
 
     provider = "local"
     pooling = f"window-mean-first{FIRST_PIECE_WEIGHT:g}"
 
-    def __init__(self, model_id: str, batch_size: int = 32, runtime: str = "auto", device: str = "auto"):
+    def __init__(self, model_id: str, batch_size: int = 32, runtime: str = "auto", device: str = "auto",
+                 queries: str = "int8"):
         super().__init__(model_id)
         self.batch_size = batch_size
         self.runtime_choice = runtime
         self.device_choice = device
+        self.queries_choice = queries  # memory.queries: "int8" (the model's int8 copy on ONNX) or "exact"
         self._runtime: Runtime | None = None
+        self._query_runtime: Runtime | None = None
+        self._query_why: str | None = None  # set once decided: why queries are embedded as they are
+        self._loading = threading.RLock()  # one thread loads a runtime; the others wait for it
         self._batch_runtime: Runtime | None = None  # torch on a GPU for large batches, when there is one
         self._why: str = ""
         self._batch_why: str = ""
@@ -143,9 +151,34 @@ class ModelEmbedder(Embedder):
         choice = self.choose(self.folder())
         device = self._device()
         if choice.runtime == "torch":
-            return {"runtime": "torch", "device": device, "why": choice.why}
+            return {"runtime": "torch", "device": device, "why": choice.why, "queries": self._queries_plan(choice)}
         batches = f"torch on {device} for batches of {BATCH_ON_GPU}+ texts" if device != "cpu" else None
-        return {"runtime": "onnx", "device": "cpu", "status": choice.status, "why": choice.why, "batches": batches}
+        return {"runtime": "onnx", "device": "cpu", "status": choice.status, "why": choice.why, "batches": batches,
+                "queries": self._queries_plan(choice)}
+
+    def _queries_plan(self, choice: Choice | None = None) -> dict[str, Any]:
+        """What embeds search queries, and why, told without loading anything."""
+        if self._query_runtime is not None:
+            return {"runtime": "onnx-int8", "why": self._query_why}
+        if self._query_why is not None:
+            return {"runtime": "exact", "why": self._query_why}
+        exact = self._exact_queries(choice or self.choose(self.folder()))
+        if exact is not None:
+            return {"runtime": "exact", "why": exact}
+        from .onnx_int8 import state
+
+        status, why, _ = state(self.files_digest() or "")
+        if status == "refused":
+            return {"runtime": "exact", "why": f"the int8 copy is refused: {why}"}
+        return {"runtime": "onnx-int8", "status": status, "why": why}
+
+    def _exact_queries(self, choice: Choice) -> str | None:
+        """Why queries are embedded by the exact model whatever its int8 copy's state, or None."""
+        if self.queries_choice != "int8":
+            return f"memory.queries is {self.queries_choice}"
+        if choice.runtime != "onnx":
+            return "the model runs on torch: queries too"
+        return None
 
     def _device(self) -> str:
         if self.device_choice != "auto":
@@ -198,6 +231,12 @@ class ModelEmbedder(Embedder):
         """The loaded runtime (loading the model on first use)."""
         if self._runtime is not None:
             return self._runtime
+        with self._loading:
+            if self._runtime is None:
+                self._runtime = self._load_runtime()
+            return self._runtime
+
+    def _load_runtime(self) -> Runtime:
         folder = self.folder()
         downloads = allow_downloads()
         if folder is None and not downloads:
@@ -255,6 +294,7 @@ class ModelEmbedder(Embedder):
         info: dict[str, Any] = {"runtime": rt.name, "device": rt.device, "why": self._why}
         if self._batch_runtime is not None or self._batch_why:
             info["batches"] = self._batch_why
+        info["queries"] = self._queries_plan()
         return info
 
     def pieces(self, texts: list[str]) -> tuple[list[str], list[int]]:
@@ -276,9 +316,79 @@ class ModelEmbedder(Embedder):
             return np.zeros((0, self.dim), dtype=np.float32), {}
         return self._guarded(embed_parts_with, texts)
 
-    def _guarded(self, run: Callable[[Runtime, list[str]], _T], texts: list[str]) -> _T:
-        """``run`` on the runtime for a batch of this size; any failure of the model is embedding-failed."""
-        runtime = self.batch_runtime(len(texts))
+    def embed_search(self, texts: list[str]) -> np.ndarray:
+        """Search queries: by the model's int8 copy (``query_runtime``), else as :meth:`embed_query`."""
+        runtime = self.query_runtime() if texts else None
+        if runtime is None:
+            return self.embed_query(texts)
+        return self._guarded(embed_with, texts, runtime)
+
+    def query_runtime(self) -> Runtime | None:
+        """The int8 copy that embeds search queries (``onnx_int8.py``), made and loaded on first use;
+        None when queries are embedded exactly (``runtime_info()["queries"]`` says why).  Threads
+        that ask at once (memory-serve's reader and writer share the embedder) load it once."""
+        if self._query_runtime is None and self._query_why is None:
+            with self._loading:
+                if self._query_runtime is None and self._query_why is None:
+                    why, runtime = self._make_query_runtime()
+                    self._query_runtime, self._query_why = runtime, why
+        return self._query_runtime
+
+    def search_key(self) -> str:
+        """What names this embedder's search vectors (``Embedder.search_key``): its int8 copy's identity."""
+        if self.query_runtime() is None:
+            return super().search_key()
+        from .onnx_int8 import identity
+
+        return identity(self.files_digest() or "")
+
+    def _make_query_runtime(self) -> tuple[str, Runtime | None]:
+        from .onnx_int8 import quantize, refuse, state
+        from .onnx_runtime import OnnxRuntime, Unsupported
+
+        folder = self.folder()
+        choice = self.choose(folder, loading=True)
+        exact = self._exact_queries(choice)
+        if exact is not None or folder is None:
+            return exact or choice.why, None
+        model_digest = self.files_digest() if self._runtime is not None else digest(folder)  # the files as now
+        if not model_digest:
+            return "the model's files cannot be read to name its int8 copy", None
+        status, why, path = state(model_digest)
+        if status == "refused":
+            return f"the int8 copy is refused: {why}", None
+        if status != "ready" or path is None:
+            try:
+                if choice.status != "ready" and self.runtime().name != "onnx":  # the exact export comes first
+                    return "the model runs on torch: queries too", None
+                path = quantize(folder, model_digest)
+                why = state(model_digest)[1]
+            except EmbeddingError:
+                raise  # the model itself cannot load (``runtime``): as any embedding would say
+            except Unsupported as exc:
+                return f"the int8 copy cannot be used: {exc}", None
+            except OSError as exc:  # the cache could not be written now: exact, and the next process tries again
+                return f"the int8 copy could not be made here ({exc.strerror or exc})", None
+            except Exception as exc:  # noqa: BLE001 - the quantizer or the parity check failed: exact, recorded
+                why = f"making the int8 copy failed ({type(exc).__name__}: {str(exc)[:200]})"
+                with contextlib.suppress(OSError, Unsupported):
+                    refuse(model_digest, why)
+                return why, None
+        runtime = OnnxRuntime(folder, path, batch_size=self.batch_size, threads=1)
+        try:
+            runtime.load()
+        except Exception as exc:  # noqa: BLE001 - a ready copy that cannot load now (memory, a file replaced
+            # meanwhile): exact in this process, nothing recorded
+            return f"the int8 copy could not be loaded ({type(exc).__name__}: {str(exc)[:200]})", None
+        if runtime.dim != (self._dim or self.known_dim() or runtime.dim):
+            return f"the int8 copy gives {runtime.dim} dimensions, the model {self._dim or self.known_dim()}", None
+        self._dim = runtime.dim
+        return why, runtime
+
+    def _guarded(self, run: Callable[[Runtime, list[str]], _T], texts: list[str], runtime: Runtime | None = None) -> _T:
+        """``run`` on ``runtime`` (default: the runtime for a batch of this size); any failure of the
+        model is embedding-failed."""
+        runtime = runtime or self.batch_runtime(len(texts))
         try:
             return run(runtime, texts)
         except EmbeddingError:

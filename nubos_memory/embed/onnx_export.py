@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ def folder_for(digest: str) -> Path | None:
     return where / digest if where is not None else None
 
 
-def _read_meta(where: Path) -> dict[str, Any] | None:
+def read_meta(where: Path) -> dict[str, Any] | None:
     try:
         doc = loads(read_regular(where / META))
     except (OSError, JSONDecodeError):
@@ -115,31 +116,9 @@ def state(digest: str) -> tuple[str, str, Path | None]:
     Cheap for every process: each file's identity stamp (size, mtime, ctime, inode) is compared with
     the one the signed record holds; a file is hashed in full only when its stamp changed."""
     where = folder_for(digest)
-    if where is None:
-        return "missing", "no safe cache folder: nothing is exported (see memory-stats.user_folders)", None
-    meta = _read_meta(where)
-    if meta is None:
-        return "missing", "not exported yet: the first embedding exports it once (about 20 s)", None
-    folder_problem = userdirs.unsafe(where, write=False) or _foreign(where / META)
-    if folder_problem is not None:
-        return "damaged", f"the export folder {where} {folder_problem}: it is exported again", None
-    if not verify(meta):
-        return "damaged", "export.json is not signed by this user's key", None
-    if meta.get("recipe") != RECIPE:
-        return "missing", "exported with an older recipe: it is exported again", None
-    if meta.get("refused"):
-        return "refused", str(meta["refused"]), None
-    stamps = meta.get("stamps") or {}
-    for name, want in (meta.get("files") or {}).items():
-        problem = _foreign(where / name)
-        if problem is not None:
-            return "damaged", f"{problem}: it is exported again", None
-        try:
-            same = stamps.get(name) == stamp(where / name) or sha256_of(where / name) == want
-        except OSError:
-            same = False
-        if not same:
-            return "damaged", f"{name} does not match its recorded sha256: it is exported again", None
+    status, why, meta = checked(where, RECIPE, "not exported yet: the first embedding exports it once (about 20 s)")
+    if status != "ready" or where is None:
+        return status, why, None
     parity = meta.get("parity") or {}
     if not isinstance(parity.get("min_cos"), (int, float)) or parity["min_cos"] < PARITY_MIN:
         return "refused", f"parity {parity.get('min_cos')} is below {PARITY_MIN}", None
@@ -147,10 +126,43 @@ def state(digest: str) -> tuple[str, str, Path | None]:
         where / "model.onnx"
 
 
-def export(folder: Path, digest: str, *, quiet: bool = False) -> Path:
-    """Export the model in ``folder`` (whose files have ``digest``), check its parity, and publish it
-    in the cache; raise :class:`Unsupported` when it cannot be used (recorded, so it is not retried).
-    Takes a lock: two processes never export the same model at once (the second says it waits)."""
+def checked(where: Path | None, recipe: int, missing: str) -> tuple[str, str, dict[str, Any]]:
+    """``(status, why, record)`` of the derived model files in ``where`` (an export, or its int8 copy:
+    ``onnx_int8.py``; None: there is no safe cache folder): ``ready`` when the signed record and every
+    file it names check, else ``missing`` (``missing`` says why), ``refused`` or ``damaged``; the
+    caller checks the parity."""
+    if where is None:
+        return "missing", "no safe cache folder: nothing is exported (see memory-stats.user_folders)", {}
+    meta = read_meta(where)
+    if meta is None:
+        return "missing", missing, {}
+    folder_problem = userdirs.unsafe(where, write=False) or _foreign(where / META)
+    if folder_problem is not None:
+        return "damaged", f"the folder {where} {folder_problem}: it is made again", meta
+    if not verify(meta):
+        return "damaged", f"{META} is not signed by this user's key", meta
+    if meta.get("recipe") != recipe:
+        return "missing", "made by an older recipe: it is made again", meta
+    if meta.get("refused"):
+        return "refused", str(meta["refused"]), meta
+    stamps = meta.get("stamps") or {}
+    for name, want in (meta.get("files") or {}).items():
+        problem = _foreign(where / name)
+        if problem is not None:
+            return "damaged", f"{problem}: it is made again", meta
+        try:
+            same = stamps.get(name) == stamp(where / name) or sha256_of(where / name) == want
+        except OSError:
+            same = False
+        if not same:
+            return "damaged", f"{name} does not match its recorded sha256: it is made again", meta
+    return "ready", "", meta
+
+
+@contextlib.contextmanager
+def exporting(name: str, note: str, *, quiet: bool) -> Iterator[Path]:
+    """Hold the lock that makes one process at a time derive ``name`` in the cache (the second says
+    ``note`` on stderr and waits); yields the cache's ``onnx/`` folder."""
     from filelock import FileLock, Timeout
 
     base = root()
@@ -158,24 +170,31 @@ def export(folder: Path, digest: str, *, quiet: bool = False) -> Path:
         raise Unsupported(unkept() or "no cache folder")
     base.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     os.chmod(base, DIR_MODE)
-    lock = FileLock(str(base / f".{digest}.lock"), mode=FILE_MODE)
+    lock = FileLock(str(base / f".{name}.lock"), mode=FILE_MODE)
     try:
         lock.acquire(timeout=0)
     except Timeout:
         if not quiet:
-            sys.stderr.write("nubos-memory: another process is exporting the embedding model to ONNX; waiting for "
-                             "it (once per model, about 20 s)...\n")
+            sys.stderr.write(f"nubos-memory: another process is {note}; waiting for it\n")
             sys.stderr.flush()
         lock.acquire()
     try:
+        yield base
+    finally:
+        lock.release()
+
+
+def export(folder: Path, digest: str, *, quiet: bool = False) -> Path:
+    """Export the model in ``folder`` (whose files have ``digest``), check its parity, and publish it
+    in the cache; raise :class:`Unsupported` when it cannot be used (recorded, so it is not retried).
+    Takes a lock: two processes never export the same model at once (the second says it waits)."""
+    with exporting(digest, "exporting the embedding model to ONNX (once per model, about 20 s)", quiet=quiet) as base:
         status, why, path = state(digest)
         if status == "ready" and path is not None:
             return path  # another process exported it meanwhile
         if status == "refused":
             raise Unsupported(why)
         _export_checked(folder, digest, base, quiet=quiet)
-    finally:
-        lock.release()
     status, why, path = state(digest)
     if status != "ready" or path is None:
         raise Unsupported(why)
@@ -208,12 +227,19 @@ def _export_checked(folder: Path, digest: str, base: Path, *, quiet: bool) -> No
 
 
 def _publish(tmp: Path, digest: str, info: dict[str, Any]) -> None:
-    """Write the signed record and move the export into place (replacing a damaged or stale one).
-    A rename keeps each file's inode, mtime and ctime, so the stamps recorded here stay true."""
+    """Write the signed record and move the export into place (replacing a damaged or stale one)."""
     target = folder_for(digest)
     if target is None:
         raise Unsupported("no safe cache folder")
-    info.update(recipe=RECIPE, digest=digest, exported_at=now_iso(),
+    info.update(digest=digest)
+    publish(tmp, target, info, RECIPE)
+
+
+def publish(tmp: Path, target: Path, info: dict[str, Any], recipe: int) -> None:
+    """Sign ``info`` (with the recipe, the time and each named file's stamp) into ``tmp``'s record and
+    move ``tmp`` into place as ``target``.  A rename keeps each file's inode, mtime and ctime, so the
+    stamps recorded here stay true."""
+    info.update(recipe=recipe, exported_at=now_iso(),
                 stamps={name: stamp(tmp / name) for name in info.get("files") or {}})
     atomic_write_bytes(tmp / META, dumps(sign(info), pretty=True))
     if target.exists():

@@ -66,6 +66,12 @@ class Prefixed(Embedder):
     def embed_query(self, texts: list[str]) -> np.ndarray:
         return self.inner.embed_query([self.query_prefix + t for t in texts])
 
+    def embed_search(self, texts: list[str]) -> np.ndarray:
+        return self.inner.embed_search([self.query_prefix + t for t in texts])
+
+    def search_key(self) -> str:
+        return self.inner.search_key()
+
 
 def prefixed(embedder: Embedder, query_prefix: str, passage_prefix: str) -> Embedder:
     """``embedder`` with the prefixes, or itself when there are none (its fingerprint unchanged)."""

@@ -1,8 +1,8 @@
 """``python -m nubos_memory.embed.prepare``: get the default model ready before its first real use.
 
 ``bin/setup`` and ``bin/demo`` run it, so an agent's first one-shot call is already fast: it
-exports the packaged model to ONNX and checks its parity once (adr/0012), or says why torch
-will run it instead.  Prints the runtime's description as JSON on stdout.
+exports the packaged model to ONNX and checks its parity once (adr/0012), makes the int8 copy that
+embeds queries (adr/0022), or says why torch will run it instead.  Prints the runtime's description as JSON on stdout.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ def main() -> int:
     embedder = ModelEmbedder(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_MODEL)
     try:
         embedder.runtime()
+        embedder.query_runtime()  # and the int8 copy that embeds queries (adr/0022)
     except NubosMemoryError as exc:
         sys.stdout.write(dumps({"error": exc.to_dict()}).decode() + "\n")
         return exc.exit_code

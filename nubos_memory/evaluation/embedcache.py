@@ -56,12 +56,22 @@ class CachedEmbedder(Embedder):
         """Queries, remembered apart from passages (a model may embed them apart: ``embed/prefixed.py``)."""
         return self._cached(texts, "query\0")
 
+    def embed_search(self, texts: list[str]) -> np.ndarray:
+        """Search queries: as queries, or remembered under what makes them (the model's int8 copy:
+        ``Embedder.search_key``), so an exact run and an int8 run never read each other's."""
+        key = self.inner.search_key()
+        return self._cached(texts, "query\0" if key == "query" else f"search:{key}\0")
+
+    def search_key(self) -> str:
+        return self.inner.search_key()
+
     def _cached(self, texts: list[str], kind: str) -> np.ndarray:
         keys = [hashlib.sha256((kind + t).encode("utf-8")).hexdigest()[:32] for t in texts]
         todo = [i for i, k in enumerate(keys) if k not in self._keys]
         if todo:
             given = [texts[i] for i in todo]
-            fresh = self.inner.embed_query(given) if kind else self.inner.embed(given)
+            fresh = (self.inner.embed(given) if not kind else self.inner.embed_query(given) if kind == "query\0"
+                     else self.inner.embed_search(given))
             for i, vec in zip(todo, fresh):
                 if keys[i] not in self._keys:
                     self._keys[keys[i]] = len(self._vecs)

@@ -118,7 +118,8 @@ def evaluate_one(source_config: dict[str, Any], folder: Path, *, split: str = "t
     if config.get("backend") == "postgres":  # a scratch namespace, dropped afterwards: never the team's memory
         config["postgres"] = {**(config.get("postgres") or {}), "namespace": f"nubos-eval-{uuid.uuid4().hex[:12]}"}
     inner = embedder or make_embedder(config.get("provider", "local"), config.get("model") or "",
-                                      config.get("runtime", "auto"), config.get("device", "auto"))
+                                      config.get("runtime", "auto"), config.get("device", "auto"),
+                                      queries=config.get("queries", "int8"))
     where = default_cache_dir() if cache else None
     emb: Embedder = CachedEmbedder(inner, where) if where is not None else inner
     scratch = Path(tempfile.mkdtemp(prefix="nubos-eval-"))

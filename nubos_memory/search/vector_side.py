@@ -108,7 +108,7 @@ class Cosines:
 
 def query_vector(embedder: Embedder, text: str) -> np.ndarray:
     """The query's unit vector (``EmbeddingError`` when the model gives an unusable one)."""
-    q: np.ndarray = embedder.embed_query([text])[0]  # a query: the model's query prefix, if it has one
+    q: np.ndarray = embedder.embed_search([text])[0]  # a query: the model's query prefix, if it has one
     if not vector_index.usable(q[None, :])[0]:
         raise EmbeddingError("the model gave a non-finite or zero vector for the query; it is answered by keywords "
                              "(memory-stats.runtime says what embeds)", code=codes.EMBEDDING_INVALID)
