@@ -185,10 +185,9 @@ def scope_answer(mem: "Memory", names: list[str], base: dict[str, Any] | None) -
 def share_embedder(mem: "Memory", user: "Memory") -> None:
     """The user memory embeds queries with the project's embedder when both are configured alike (one model
     loaded, one query vector)."""
-    from ..embed import EMBEDDER_SETTINGS
+    from ..embed import made_alike
 
-    a, b = mem.config, user.config
-    if user.loaded_embedder() is None and all(getattr(a, key) == getattr(b, key) for key in EMBEDDER_SETTINGS):
+    if user.loaded_embedder() is None and made_alike(mem.config, user.config):
         user.use_embedder(mem.embedder)
 
 

@@ -17,6 +17,11 @@ EMBEDDER_SETTINGS = ("provider", "model", "runtime", "device", "queries", "query
                      "input_type", "base_url", "api_key_env", "embed_timeout_s", "breaker")
 
 
+def made_alike(a: "MemoryConfig", b: "MemoryConfig") -> bool:
+    """Whether two configs make the same embedder (every one of ``EMBEDDER_SETTINGS`` equal)."""
+    return all(getattr(a, name) == getattr(b, name) for name in EMBEDDER_SETTINGS)
+
+
 def make_embedder(provider: str, model: str, runtime: str = "auto", device: str = "auto",
                   config: "MemoryConfig | None" = None, *, queries: str | None = None) -> Embedder:
     """The embedder a config names (the model itself loads on first use; a gateway's settings and
@@ -38,4 +43,4 @@ def make_embedder(provider: str, model: str, runtime: str = "auto", device: str 
     return prefixed(ModelEmbedder(model, runtime=runtime, device=device, queries=queries), query_prefix, passage_prefix)
 
 
-__all__ = ["EMBEDDER_SETTINGS", "Embedder", "HashEmbedder", "fingerprint_of", "make_embedder"]
+__all__ = ["EMBEDDER_SETTINGS", "Embedder", "HashEmbedder", "fingerprint_of", "made_alike", "make_embedder"]

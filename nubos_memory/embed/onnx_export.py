@@ -209,21 +209,34 @@ def _export_checked(folder: Path, digest: str, base: Path, *, quiet: bool) -> No
         sys.stderr.write(f"nubos-memory: exporting the embedding model to ONNX, once ({folder.name})...\n")
         sys.stderr.flush()
     start = time.perf_counter()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=base))  # fresh: onnx appends to a .data file
-    try:
-        os.chmod(tmp, DIR_MODE)
+    with staged(base, digest) as tmp:  # fresh: onnx appends to a .data file
         info = _export_files(folder, tmp)
-        for name in FILES:
-            os.chmod(tmp / name, FILE_MODE)
-        info["files"] = {name: sha256_of(tmp / name) for name in FILES}
+        info["files"] = sealed(tmp, FILES)
         info["parity"] = parity(folder, tmp / "model.onnx")
         info["export_s"] = round(time.perf_counter() - start, 2)
         if info["parity"]["min_cos"] < PARITY_MIN:
             info["refused"] = (f"the ONNX export gives other vectors than sentence-transformers (cosine "
                                f"{info['parity']['min_cos']:.7f} < {PARITY_MIN} on the probes); torch is used")
         _publish(tmp, digest, info)
+
+
+@contextlib.contextmanager
+def staged(base: Path, name: str) -> Iterator[Path]:
+    """A fresh owner-only folder in ``base`` to make ``name``'s files in, published by renaming it
+    (``publish``); whatever is left of it is removed afterwards."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=base))
+    try:
+        os.chmod(tmp, DIR_MODE)
+        yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sealed(folder: Path, names: tuple[str, ...]) -> dict[str, str]:
+    """The files ``names`` in ``folder`` made owner-only, and their sha256 by name (the record's ``files``)."""
+    for name in names:
+        os.chmod(folder / name, FILE_MODE)
+    return {name: sha256_of(folder / name) for name in names}
 
 
 def _publish(tmp: Path, digest: str, info: dict[str, Any]) -> None:
@@ -253,11 +266,8 @@ def refuse(digest: str, why: str) -> None:
     if base is None or not available():
         return
     base.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=base))
-    try:
+    with staged(base, digest) as tmp:
         _publish(tmp, digest, {"refused": why, "files": {}})
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _export_files(folder: Path, out: Path) -> dict[str, Any]:

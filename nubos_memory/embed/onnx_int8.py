@@ -23,9 +23,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
-import shutil
-import tempfile
 import time
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
@@ -34,9 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..fsio import DIR_MODE, FILE_MODE
-from .modelfiles import sha256_of
-from .onnx_export import PROBES, checked, exporting, publish, read_meta, root
+from .onnx_export import PROBES, checked, exporting, publish, read_meta, root, sealed, staged
 from .onnx_export import folder_for as export_folder
 from .onnx_export import state as export_state
 from .onnx_runtime import OnnxRuntime, Unsupported
@@ -103,14 +98,10 @@ def quantize(folder: Path, digest: str, *, quiet: bool = False) -> Path:
             raise Unsupported(f"the exact export is not ready ({why})")
         target = folder_for(digest)
         assert target is not None  # root() is there: exporting() checked it
-        tmp = Path(tempfile.mkdtemp(prefix=f".{digest}.int8-", dir=base))
-        try:
-            os.chmod(tmp, DIR_MODE)
+        with staged(base, f"{digest}.int8") as tmp:
             start = time.perf_counter()
             info = _quantized(exact, tmp)
-            for name in FILES:
-                os.chmod(tmp / name, FILE_MODE)
-            info["files"] = {name: sha256_of(tmp / name) for name in FILES}
+            info["files"] = sealed(tmp, FILES)
             info["parity"] = parity(folder, exact, tmp / FILES[0])
             info["quantize_s"] = round(time.perf_counter() - start, 2)
             mean, worst = info["parity"]["mean_cos"], info["parity"]["min_cos"]
@@ -119,8 +110,6 @@ def quantize(folder: Path, digest: str, *, quiet: bool = False) -> Path:
                                    f"worst {worst:.4f}, on the probes); queries are embedded exactly")
             info.update(_source(digest), digest=digest)
             publish(tmp, target, info, RECIPE)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     status, why, path = state(digest)
     if status != "ready" or path is None:
         raise Unsupported(why)
@@ -137,11 +126,8 @@ def refuse(digest: str, why: str) -> None:
     with exporting(f"{digest}.int8", "recording a refused int8 copy", quiet=True):
         if state(digest)[0] == "ready":
             return
-        tmp = Path(tempfile.mkdtemp(prefix=f".{digest}.int8-", dir=base))
-        try:
+        with staged(base, f"{digest}.int8") as tmp:
             publish(tmp, target, {"refused": why, "files": {}, **_source(digest), "digest": digest}, RECIPE)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def identity(digest: str) -> str:

@@ -7,6 +7,7 @@ embedder's fingerprint and the text's hash: a derived cache, safe to delete.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,28 +51,29 @@ class CachedEmbedder(Embedder):
         return self.inner.dim
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        return self._cached(texts, "")
+        return self._cached(texts, "", self.inner.embed)
 
     def embed_query(self, texts: list[str]) -> np.ndarray:
         """Queries, remembered apart from passages (a model may embed them apart: ``embed/prefixed.py``)."""
-        return self._cached(texts, "query\0")
+        return self._cached(texts, "query\0", self.inner.embed_query)
 
     def embed_search(self, texts: list[str]) -> np.ndarray:
         """Search queries: as queries, or remembered under what makes them (the model's int8 copy:
         ``Embedder.search_key``), so an exact run and an int8 run never read each other's."""
         key = self.inner.search_key()
-        return self._cached(texts, "query\0" if key == "query" else f"search:{key}\0")
+        if key == "query":
+            return self.embed_query(texts)
+        return self._cached(texts, f"search:{key}\0", self.inner.embed_search)
 
     def search_key(self) -> str:
         return self.inner.search_key()
 
-    def _cached(self, texts: list[str], kind: str) -> np.ndarray:
+    def _cached(self, texts: list[str], kind: str, make: "Callable[[list[str]], np.ndarray]") -> np.ndarray:
         keys = [hashlib.sha256((kind + t).encode("utf-8")).hexdigest()[:32] for t in texts]
         todo = [i for i, k in enumerate(keys) if k not in self._keys]
         if todo:
             given = [texts[i] for i in todo]
-            fresh = (self.inner.embed(given) if not kind else self.inner.embed_query(given) if kind == "query\0"
-                     else self.inner.embed_search(given))
+            fresh = make(given)
             for i, vec in zip(todo, fresh):
                 if keys[i] not in self._keys:
                     self._keys[keys[i]] = len(self._vecs)

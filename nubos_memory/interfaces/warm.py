@@ -27,7 +27,6 @@ from ..errors import NubosMemoryError
 
 if TYPE_CHECKING:
     from ..api.memory import Memory
-    from ..config import MemoryConfig
     from ..embed.base import Embedder
 
 CATCH_UP_SLICE_S = 1.0
@@ -78,11 +77,12 @@ class WarmMemory:
         if stamp == self._stamp:
             return
         from ..api.memory import Memory
+        from ..embed import made_alike
 
         old = self._writer
         fresh = Memory.open(self.root)
         loaded = old.loaded_embedder()
-        if loaded is not None and _embedding(fresh.config) == _embedding(old.config):
+        if loaded is not None and made_alike(fresh.config, old.config):
             fresh.use_embedder(loaded)  # keep the loaded model
         fresh.vectors.defer_side_weight = True
         self._writer, self._reader, self._stamp = fresh, self._twin(fresh), stamp
@@ -209,10 +209,3 @@ def catch_up_forever(warm: WarmMemory, stop: threading.Event, idle: float = 0.5,
         busy = warm.last_request != seen or behind != 0
         seen = warm.last_request
         wait = idle if busy else min(wait * 2, longest)
-
-
-def _embedding(config: "MemoryConfig") -> tuple[Any, ...]:
-    """What the embedder is made from: a warm process keeps its loaded model while none of it changed."""
-    from ..embed import EMBEDDER_SETTINGS
-
-    return tuple(getattr(config, name) for name in EMBEDDER_SETTINGS)
