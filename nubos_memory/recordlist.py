@@ -5,9 +5,9 @@ build a Python object for every record before it answers one query: at 100k reco
 of a one-shot call (issue 27).  A :class:`RecordList` holds the checkpoint's records as bytes — one
 JSON document per line, with where each line starts — and decodes a record when it is first read
 (then keeps it); the few fields every call needs for every record (``COLUMNS``: a filter's type,
-domain, phase and tags, an expiry, the id) come as columns beside them, read without decoding a
-record; a checkpoint keeps them in binary (``columns.py``: the ids as lines, the others as codes into
-their distinct values).  Records appended after the checkpoint, and every record of a state read from
+domain, phase and tags, an expiry, the id, the importance a query's ranking reads of each candidate)
+come as columns beside them, read without decoding a record; a checkpoint keeps them in binary
+(``columns.py``: the ids as lines, the others as codes into their distinct values).  Records appended after the checkpoint, and every record of a state read from
 the log itself, are plain objects in a list.  It behaves as the list of records did: indexes (negative
 too), slices (lists), iteration, ``append``, and assignment (the state replaces a record when an
 ``anchor`` op moves its anchors).
@@ -24,7 +24,7 @@ from .columns import Coded, checked_index, key_of
 from .fsio import dumps
 from .types import Record
 
-COLUMNS = ("id", "type", "domain", "phase", "tags", "valid_until")
+COLUMNS = ("id", "type", "domain", "phase", "tags", "valid_until", "importance")
 
 
 class RecordList(Sequence[Record]):

@@ -146,7 +146,8 @@ def folder(kind: str, *, write: bool = True) -> Folder:
     """This user's ``config``, ``cache`` or ``data`` folder (resolved once per process and environment)."""
     env = tuple(os.environ.get(k) for k in ENV_KEYS)
     known = _resolved.get((kind, write))
-    if known is not None and known[0] == env and known[1].path is not None and known[1].path.is_dir():
+    if known is not None and known[0] == env and (known[1].path.is_dir() if known[1].path is not None
+                                                  else not write and _still_missing(known[1])):
         return known[1]  # (a folder not found is looked for again: it may have been made meanwhile)
     base = home()
     if kind == "config":
@@ -161,6 +162,23 @@ def folder(kind: str, *, write: bool = True) -> Folder:
     found = _resolve(kind, candidates, write=write)
     _resolved[(kind, write)] = (env, found)
     return found
+
+
+def _still_missing(found: Folder) -> bool:
+    """Whether a read's resolution that found no folder, every place refused only as missing, would find
+    the same now: none of those places exists yet (one ``stat`` each; a query asks twice per call)."""
+    refused = found.refused or []
+    if not refused or any(r["why"] != "does not exist" for r in refused):
+        return False
+    for r in refused:
+        try:
+            os.stat(r["path"])
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+        return False
+    return True
 
 
 def user_config_dir(*, write: bool = False) -> Path | None:

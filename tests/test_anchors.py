@@ -234,4 +234,4 @@ def test_a_redaction_leaves_no_text_in_the_contradiction_cache(project):
     assert hit["conflicts"] and dedup._marks.cache_info().currsize >= 2
     mem.redact([old["id"]])
     mem.scan()  # (the log read again: its text is gone from it)
-    assert dedup._marks.cache_info().currsize == 0
+    assert dedup._marks.cache_info().currsize == 0 and dedup._contradiction.cache_info().currsize == 0

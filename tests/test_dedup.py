@@ -65,6 +65,69 @@ def test_fingerprint_ignores_only_case_whitespace_and_punctuation_between_words(
         assert fingerprint(learning(" ".join(words))) != fingerprint(learning(" ".join(swapped)))
 
 
+# Words that tell a contradiction or sit near one: negations, versions, numbers with signs and
+# punctuation, case, and characters NFKC or case folding change (a diaeresis that becomes a space and a
+# combining mark, a no-break space, ligatures, a combining accent after a space, full-width digits).
+_TRICKY = ["not", "Not", "NO", "never", "don't", "avoid", "v1.2", "1.3", "(v2.0)", "5%", "-5", "+3", "$4", "10,",
+           "20.", "4,2", "1.2.3-rc1", "x", "foo", "bar", "⟨v3⟩", "42", "¨", "\u0301", "a\u0301", "ﬁx", "½", "Ⅻ",
+           "１２", "ǅ", "İ", "ß", "\u00a0", "\u3000", "\u2028", "\t", "\n", "\u1100\u1161", "\u11a8", "NoT!", "(never)",
+           "bot", "knot", "nod", "note", "v1.2.3", "12", "100", "5"]  # (words that differ from one above in a part)
+
+
+@settings(max_examples=400, deadline=None)
+@given(base=st.lists(st.sampled_from(_TRICKY), max_size=12),
+       edits=st.lists(st.tuples(st.integers(0, 12), st.sampled_from(_TRICKY), st.sampled_from(["set", "insert", "delete"])),
+                      max_size=3),
+       sep=st.sampled_from([" ", "", "  ", "\n"]), title=st.sampled_from(["T", "not", "", "v1.2"]),
+       padded=st.booleans())
+def test_contradictions_found_from_where_near_duplicates_differ_are_the_marks_compared(base, edits, sep, title,
+                                                                                       padded):
+    """A pair of texts is decided from the words where they differ (issue 27: a query collapsing near
+    duplicates read every word of every one); the answer is the one comparing every word's marks."""
+    from nubos_memory.search import dedup
+
+    other = list(base)
+    for at, word, op in edits:
+        if op == "insert":
+            other.insert(min(at, len(other)), word)
+        elif other:
+            if op == "set":
+                other[at % len(other)] = word
+            else:
+                del other[at % len(other)]
+    pad = "keep the build cache warm between runs " * 8 if padded else ""  # (padded: a small difference)
+    newer, older = {"title": title, "body": pad + sep.join(base) + pad}, {"title": title, "body": pad + sep.join(other) + pad}
+    whole = dedup._differs(dedup._marks(newer["title"], newer["body"]), dedup._marks(older["title"], older["body"]))
+    assert dedup.contradictions(newer, [older]) == [whole]
+
+
+@pytest.mark.parametrize("mine,theirs", [("not", "bot"), ("not", "knot"), ("no", "nod"), ("v1.2", "v1.2.3"),
+                                         ("1.2", "12"), ("10", "100"), ("-5", "5"), ("5%", "5"), ("never", "neverland")])
+def test_a_word_differing_in_a_part_is_read_whole(mine, theirs):
+    from nubos_memory.search import dedup
+
+    for a, b in ((mine, theirs), (theirs, mine)):
+        newer, older = {"title": "t", "body": f"keep {a} here"}, {"title": "t", "body": f"keep {b} here"}
+        whole = dedup._differs(dedup._marks("t", newer["body"]), dedup._marks("t", older["body"]))
+        assert whole is not None and dedup.contradictions(newer, [older]) == [whole]
+
+
+def test_near_duplicates_differing_in_plain_words_are_decided_without_their_marks():
+    from nubos_memory.search import dedup
+
+    body = "The CI cache breaks when the lockfile drifts; pin pnpm 9.1 with corepack. " * 20
+    newer = {"title": "Pin pnpm", "body": body + "(seen twice)"}
+    older = [{"title": "Pin pnpm", "body": body + f"(seen once ⟨v{i}⟩)"} for i in range(5)]
+    dedup.forget_texts()
+    assert dedup.contradictions(newer, older) == [None] * 5
+    assert dedup._marks.cache_info().misses == 0  # no text was read whole
+    assert dedup.contradictions(newer, [{"title": "Pin pnpm", "body": body + "(seen 3 times)"}]) == ["number"]
+    assert dedup.contradictions(newer, [{"title": "Pin pnpm", "body": body + "(not seen)"}]) == ["negation"]
+    # texts that differ in much of their text are decided by their marks, each kept per text
+    rewritten = {"title": "Pin pnpm", "body": "Corepack pins pnpm; the CI cache stays valid. " * 3}
+    assert dedup.contradictions(newer, [rewritten]) == ["version"] and dedup._marks.cache_info().misses == 4
+
+
 @pytest.fixture
 def counted(project):
     emb = Counting()

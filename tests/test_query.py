@@ -234,6 +234,29 @@ def test_lexical_cache_is_saved_in_steps_and_cold_readers_see_every_record(proje
     assert json.loads(meta.read_text())["count"] == 165
 
 
+def test_a_warm_large_memory_copies_its_statistics_sample_once(project, monkeypatch):
+    """Above EXACT_LIMIT the z statistics are of a fixed sample of the scope; a warm process copies the
+    sample's rows out of the mapped vectors once, not for every query (issue 27), and answers as a
+    process that copies them afresh."""
+    import nubos_memory.index.vectors as vi
+    import nubos_memory.search.vector_side as vs
+
+    records = [rec(f"note {i} on {w}", f"{w} details {i}", id=f"s{i}") for i, w in
+               enumerate(["cache", "release", "jwt", "webhook", "invoice", "flags"] * 8)]
+    assert index_records(project, records).code == 0
+    monkeypatch.setattr(vi, "EXACT_LIMIT", 0)
+    monkeypatch.setattr(vs, "STATS_SAMPLE", 7)
+    warm = Memory.open(project)
+    first = warm.query("release cache", explain=True)["hits"]
+    index = warm.snap.vectors()[1]
+    kept = index._kept_rows
+    assert kept is not None and len(kept[1]) == 7
+    second = warm.query("webhook retries", explain=True)["hits"]
+    assert warm.snap.vectors()[1]._kept_rows[1] is kept[1]  # the same copy, not made again
+    fresh = Memory.open(project)
+    assert [fresh.query(q, explain=True)["hits"] for q in ("release cache", "webhook retries")] == [first, second]
+
+
 def test_hnsw_path_gives_the_exact_answer_on_a_small_memory(project, monkeypatch):
     """Above EXACT_LIMIT candidates come from the HNSW graph; on a memory smaller than ef the
     graph search is exhaustive, so the hits must be exactly the exact scan's."""

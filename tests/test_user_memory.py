@@ -232,3 +232,22 @@ def test_memory_eval_never_reads_the_user_memory(both: Path, tmp_path: Path, mon
                               "--no-cache"])
     assert code == 0, err
     assert seen and all(s == ["project"] for s in seen)
+
+
+def test_a_missing_data_folder_is_looked_for_with_a_stat_until_it_is_made(user_data_home: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch):
+    """Every query asks whether a user memory exists (twice); where the data folder is not there, that is one
+    ``stat`` of the place refused as missing, not the whole resolution (issue 27), and a folder made
+    meanwhile is still found at once."""
+    from nubos_memory import userdirs
+
+    resolved: list[str] = []
+    real = userdirs._resolve
+    monkeypatch.setattr(userdirs, "_resolve", lambda kind, *a, **k: resolved.append(kind) or real(kind, *a, **k))
+    assert userdirs.user_data_dir() is None
+    assert userdirs.user_data_dir() is None and usermemory.user_root() is None and not usermemory.exists()
+    assert resolved == ["data"]
+    (user_data_home / userdirs.APP).mkdir(mode=0o700)
+    assert userdirs.user_data_dir() == user_data_home / userdirs.APP
+    assert resolved == ["data", "data"]
+    assert userdirs.user_data_dir(write=True) == user_data_home / userdirs.APP  # (a write resolves its own)

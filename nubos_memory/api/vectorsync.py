@@ -184,13 +184,14 @@ class VectorSync:
                 raise err
         labels = state.labels
         every = positions is None  # (every record: no gathers; at a million records each costs ~2 ms)
-        cand = np.arange(len(labels)) if every else np.asarray(positions, dtype=np.int64)
+        cand = np.zeros(0, dtype=np.int64) if every else np.asarray(positions, dtype=np.int64)
+        asked = len(labels) if every else len(cand)
 
         def unlabelled(found: np.ndarray) -> np.ndarray:
             live = snap.alive[:len(found)] if every else snap.alive[cand]
             return np.flatnonzero((found < 0) & live) if every else cand[(found[cand] < 0) & live]
 
-        missing = unlabelled(labels).tolist() if len(cand) else []
+        missing = unlabelled(labels).tolist() if asked else []
         wanted = set(must)
         # Vectors other machines made are taken for every missing record in one pass (a new machine
         # of a team memory is complete after its first call); only embedding is capped.
@@ -200,8 +201,8 @@ class VectorSync:
         if todo:
             self._fill(state, todo, wanted, {**shared, **(precomputed or {})}, budget_s, progress,
                        blocking=blocking, verb=verb, pieces=dict(precomputed_pieces))
-        if len(cand):
-            still = unlabelled(state.labels).tolist()
+        if asked:
+            still = unlabelled(state.labels).tolist() if todo else missing  # (nothing filled: the same)
             state.behind = sum(1 for p in still if p not in state.extra)
         state.invalid = self.invalid
 

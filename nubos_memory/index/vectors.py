@@ -283,6 +283,7 @@ class VectorIndex:
         self.scans = 0
         # How the graph file is checked against its sha256 (None: hashed; store/verified.py)
         self.check_file: Callable[[Path, Any], bool] | None = None
+        self._kept_rows: tuple[bytes, np.ndarray] | None = None  # (``kept_rows``)
 
     @property
     def label_of(self) -> dict[str, int]:
@@ -330,6 +331,16 @@ class VectorIndex:
         out[inside] = self.base[labels[inside]]
         out[~inside] = self.tail[labels[~inside] - n0]
         return out
+
+    def kept_rows(self, labels: np.ndarray) -> np.ndarray:
+        """:meth:`gather`, its copy kept for the last ``labels`` asked: a large query's statistics sample is
+        the same rows query after query (``search/vector_side.py``), copied out of the mapped file once."""
+        labels = np.asarray(labels, dtype=np.int64)
+        key = labels.tobytes()
+        kept = self._kept_rows  # (read once: another thread may keep its own meanwhile)
+        if kept is None or kept[0] != key:
+            kept = self._kept_rows = (key, self.gather(labels))
+        return kept[1]
 
     def usable_rows(self) -> np.ndarray:
         """Which rows are usable vectors (:func:`usable`), checked part by part (no joined copy)."""
@@ -491,14 +502,14 @@ class VectorIndex:
         return self.scans > SCANS_BEFORE_GRAPH
 
     def cosines(self, labels: np.ndarray, query: np.ndarray, best: np.ndarray | None = None,
-                asked: np.ndarray | None = None) -> np.ndarray:
+                asked: np.ndarray | None = None, *, kept: bool = False) -> np.ndarray:
         """Exact cosine of the given labels' stored (unit) vectors with ``query``; with ``best`` (the
         query's :meth:`best_pieces`), a several-piece record's is mixed with its best piece's (:func:`mix`);
         with ``asked`` (:meth:`best_questions`), a record with HyPE questions scores the better of that
-        and its closest question's."""
+        and its closest question's.  ``kept``: the rows are read by :meth:`kept_rows`."""
         if len(labels) == 0:
             return np.zeros(0, dtype=np.float32)
-        cos = np.asarray(self.gather(labels) @ query, dtype=np.float32)
+        cos = np.asarray((self.kept_rows(labels) if kept else self.gather(labels)) @ query, dtype=np.float32)
         if best is not None:
             cos = np.asarray(mix(cos, best[labels]), dtype=np.float32)
         if asked is not None:

@@ -79,8 +79,17 @@ def contradiction(newer: Record, older: Record) -> str | None:
 
 def contradictions(newer: Record, older: list[Record]) -> list[str | None]:
     """:func:`contradiction` of each of ``older`` with ``newer``."""
-    marks = _marks(newer["title"], newer.get("body") or "")
-    return [_differs(marks, _marks(rec["title"], rec.get("body") or "")) for rec in older]
+    title, body = newer["title"], newer.get("body") or ""
+    return [_contradiction(title, body, rec["title"], rec.get("body") or "") for rec in older]
+
+
+@lru_cache(maxsize=16384)  # (a warm process meets the same near duplicates query after query)
+def _contradiction(title: str, body: str, older_title: str, older_body: str) -> str | None:
+    """Near duplicates share most of their text, so a pair whose differing words cannot tell a
+    contradiction (``_same_marks``) is answered without reading the rest; the others compare their marks."""
+    if _same_marks(f"{title} {body}", f"{older_title} {older_body}"):
+        return None
+    return _differs(_marks(title, body), _marks(older_title, older_body))
 
 
 _Marks = tuple[frozenset[str], frozenset[str], bool]
@@ -91,17 +100,75 @@ def _marks(title: str, body: str) -> _Marks:
     """What a contradiction is told by: the versions, the numbers, and whether a negation is there."""
     # (the words of ``normalised_text``, each distinct one normalised once; only a word with a digit can
     # be a version or a number)
-    words = {w if w.isalnum() else _word(w) for w in set(unicodedata.normalize("NFKC", f"{title} {body}").casefold().split())}
+    words = {w if w.isalnum() else _word(w) for w in set(_words(f"{title} {body}"))}
     words.discard("")
     digits = [w for w in words if not w.isalpha()]
     return (frozenset(w for w in digits if _VERSION.match(w)), frozenset(w for w in digits if _NUMBER.match(w)),
             bool(words & NEGATIONS))
 
 
+def _words(text: str) -> list[str]:
+    """The words the marks are read from: NFKC, case-folded, split at whitespace."""
+    return unicodedata.normalize("NFKC", text).casefold().split()
+
+
+def _same_marks(a: str, b: str) -> bool:
+    """Whether two texts (title, a space, body) surely have the same marks, found from where they differ: the words
+    from the first differing one to the last (in each; whitespace bounds them, and a whitespace character
+    neither changes nor joins its neighbours under NFKC and case folding, so the words outside are the
+    same in both) hold no version, number or negation.  False: compare the marks."""
+    if a == b:
+        return True
+    start = _common_prefix(a, b)
+    tail = _common_suffix(a, b, min(len(a), len(b)) - start)
+    if 4 * (len(a) + len(b) - 2 * (start + tail)) > len(a) + len(b):
+        return False  # they differ in much of their text: its marks (kept per text) decide
+    while start > 0 and not a[start - 1].isspace():  # back to the start of the word it falls in
+        start -= 1
+    end_a, end_b = len(a) - tail, len(b) - tail
+    while end_a < len(a) and not a[end_a].isspace():  # on to the end of that word (the same in both)
+        end_a, end_b = end_a + 1, end_b + 1
+    return not _telling(_words(a[start:end_a])) and not _telling(_words(b[start:end_b]))
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """How many first characters ``a`` and ``b`` share (halving: each step one comparison in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a.startswith(b[lo:mid], lo):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _common_suffix(a: str, b: str, limit: int) -> int:
+    """How many last characters ``a`` and ``b`` share, at most ``limit``."""
+    lo, hi, la, lb = 0, limit, len(a), len(b)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a.endswith(b[lb - mid:lb - lo], 0, la - lo):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _telling(words: list[str]) -> bool:
+    """Whether any of these words is one a contradiction is told by (a version, a number, a negation)."""
+    for raw in set(words):
+        w = raw if raw.isalnum() else _word(raw)
+        if w in NEGATIONS or (w and not w.isalpha() and (_VERSION.match(w) or _NUMBER.match(w))):
+            return True
+    return False
+
+
 def forget_texts() -> None:
     """Drop the texts the contradiction cache holds (a log read again from its start: a redaction or a
     compaction may have taken them out of the memory, so no process keeps them)."""
     _marks.cache_clear()
+    _contradiction.cache_clear()
 
 
 def _differs(a: _Marks, b: _Marks) -> str | None:
@@ -170,24 +237,26 @@ def collapse(ranked: list[Any], vectors: np.ndarray, has: np.ndarray, threshold:
     groups: list[list[Any]] = []
     heads: list[int] = []  # rank index of each group's first member that has a vector
     head_group: list[int] = []
+    held = np.empty((min(k, len(ranked)), vectors.shape[1]), dtype=vectors.dtype)  # the heads' vectors, in order
     done = len(ranked)
     for i, cand in enumerate(ranked):
         if len(groups) == k:
             done = i
             break
         if has[i] and heads:
-            sims = vectors[heads] @ vectors[i]
+            sims = held[:len(heads)] @ vectors[i]
             best = int(np.argmax(sims))
             if sims[best] >= threshold:
                 groups[head_group[best]].append(cand)
                 continue
         groups.append([cand])
         if has[i]:
+            held[len(heads)] = vectors[i]
             heads.append(i)
             head_group.append(len(groups) - 1)
     rest = [i for i in range(done, len(ranked)) if has[i]]
     if rest and heads:
-        sims = vectors[rest] @ vectors[heads].T
+        sims = vectors[rest] @ held[:len(heads)].T
         best = sims.argmax(axis=1)
         for i, j, sim in zip(rest, best.tolist(), sims[np.arange(len(rest)), best].tolist()):
             if sim >= threshold:

@@ -84,7 +84,7 @@ def squash(fused: float) -> float:
     return 1.0 / (1.0 + math.exp(-max(min(fused, 50.0), -50.0)))
 
 
-@dataclass
+@dataclass(slots=True)  # (a query makes one per candidate, a few hundred)
 class Candidate:
     """One record's signals for a query (``cosine`` None = no vector: absent)."""
 

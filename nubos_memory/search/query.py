@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from ..config import MemoryConfig
     from ..embed.base import Embedder
     from ..log import LogScan
+    from ..recordlist import RecordList
     from ..types import Hit, QueryResult, Record
     from .snapshot import Snapshot, VectorState
 
@@ -99,7 +100,7 @@ class Gathered:
     their statistics are over (``search/fused.py`` pools them across memories before ``finish``)."""
 
     out: "QueryResult"
-    records: "Sequence[Record]"
+    records: "RecordList"
     req: Request
     scope: Scope
     state: "VectorState | None"
@@ -350,13 +351,13 @@ def _vector_columns(vec: VectorSide | None, positions: np.ndarray, scope: Scope)
 
 
 # -- 5. fusion -------------------------------------------------------------------------------
-def _ranked(cands: list[Candidate], records: Sequence[Record], req: Request, threshold: float) -> list[Candidate]:
+def _ranked(cands: list[Candidate], records: RecordList, req: Request, threshold: float) -> list[Candidate]:
     """The candidates kept by the query's ranking rule (``fusion.ranker``), best first; importance
     reorders near-ties only, it never admits a record (``fusion.py``)."""
     kept = ranker(req.mode, req.fusion)(cands, req.alpha, threshold)
     for c in kept:
         c.fused = c.score
-        c.score *= importance_factor(records[c.position].get("importance"))
+        c.score *= importance_factor(records.value(c.position, "importance"))  # (a column: no record decoded)
     kept.sort(key=lambda c: (-c.score, c.position))
     return kept
 

@@ -71,8 +71,9 @@ class Cosines:
         # each label's closest HyPE question's cosine (NaN: none); None: no record has questions
         self.asked = state.index.best_questions(q) if state.index is not None else None
 
-    def compute(self, positions: np.ndarray) -> None:
-        """The cosines of these positions that are not known yet (those with a vector)."""
+    def compute(self, positions: np.ndarray, *, kept: bool = False) -> None:
+        """The cosines of these positions that are not known yet (those with a vector); ``kept``: the same
+        positions are asked query after query, their rows are kept (``VectorIndex.kept_rows``)."""
         todo = positions[~self.known[positions]]
         if not len(todo):
             return
@@ -80,7 +81,7 @@ class Cosines:
         with_label = todo[labels[todo] >= 0]
         if index is not None and len(with_label):
             self.score_pieces(labels[with_label])
-            self.cos[with_label] = index.cosines(labels[with_label], self.q, self.best, self.asked)
+            self.cos[with_label] = index.cosines(labels[with_label], self.q, self.best, self.asked, kept=kept)
             self.known[with_label] = True
         for p in (todo[np.isin(todo, self.extra)].tolist() if len(self.extra) else ()):
             pooled = float(np.dot(self.state.extra[p], self.q))
@@ -168,7 +169,8 @@ def _approximate_top(cosines: Cosines, in_scope: np.ndarray, snap: Snapshot,
     rng = np.random.default_rng(len(in_scope))  # a fixed sample for a given memory size
     size = STATS_SAMPLE_PIECES if cosines.lazy else STATS_SAMPLE
     stats_of = np.sort(rng.choice(in_scope, min(size, len(in_scope)), replace=False))
-    cosines.compute(scope.neighbourhood(distinct(np.concatenate([proposed, stats_of]))))
+    cosines.compute(scope.neighbourhood(stats_of), kept=True)  # (first: the same rows every query)
+    cosines.compute(scope.neighbourhood(proposed))
     return top(proposed, cosines.cos[proposed], scope.n_cand), stats_of
 
 

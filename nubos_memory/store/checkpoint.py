@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .verified import Verified
 
 NAME = "log-checkpoint.json"
-FORMAT = 5
+FORMAT = 6  # (6: the importance column)
 RULES = f"{__version__} schema {SCHEMA_VERSION} {EMBED_TEMPLATE}"  # what turned the lines into the state
 MAX_HEADER = 64 * 1024
 MIN_TAIL = 1 << 20  # bytes read past the checkpoint before a reader writes a new one
