@@ -140,6 +140,7 @@ def _resolve(kind: str, candidates: list[Path | None], *, write: bool) -> Folder
 
 
 _resolved: dict[tuple[str, bool], tuple[tuple[str | None, ...], Folder]] = {}
+_resolved_uid: dict[tuple[str, bool], int] = {}  # (the uid each was resolved as: the fallback is named by it)
 
 
 def folder(kind: str, *, write: bool = True) -> Folder:
@@ -147,7 +148,7 @@ def folder(kind: str, *, write: bool = True) -> Folder:
     env = tuple(os.environ.get(k) for k in ENV_KEYS)
     known = _resolved.get((kind, write))
     if known is not None and known[0] == env and (known[1].path.is_dir() if known[1].path is not None
-                                                  else not write and _still_missing(known[1])):
+                                                  else not write and _still_missing((kind, write), known[1])):
         return known[1]  # (a folder not found is looked for again: it may have been made meanwhile)
     base = home()
     if kind == "config":
@@ -161,14 +162,17 @@ def folder(kind: str, *, write: bool = True) -> Folder:
         candidates = [_absolute(os.environ.get(CACHE_ENV)), xdg / APP if xdg else None]
     found = _resolve(kind, candidates, write=write)
     _resolved[(kind, write)] = (env, found)
+    _resolved_uid[(kind, write)] = os.getuid()
     return found
 
 
-def _still_missing(found: Folder) -> bool:
+def _still_missing(key: tuple[str, bool], found: Folder) -> bool:
     """Whether a read's resolution that found no folder, every place refused only as missing, would find
-    the same now: none of those places exists yet (one ``stat`` each; a query asks twice per call)."""
+    the same now: the places are the same (from an absolute ``$HOME``, not the passwd entry, and the same
+    uid) and none of them exists yet (one ``stat`` each; a query asks twice per call)."""
     refused = found.refused or []
-    if not refused or any(r["why"] != "does not exist" for r in refused):
+    if not refused or any(r["why"] != "does not exist" for r in refused) \
+            or _absolute(os.environ.get("HOME")) is None or _resolved_uid.get(key) != os.getuid():
         return False
     for r in refused:
         try:

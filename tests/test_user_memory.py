@@ -251,3 +251,10 @@ def test_a_missing_data_folder_is_looked_for_with_a_stat_until_it_is_made(user_d
     assert userdirs.user_data_dir() == user_data_home / userdirs.APP
     assert resolved == ["data", "data"]
     assert userdirs.user_data_dir(write=True) == user_data_home / userdirs.APP  # (a write resolves its own)
+    # without an absolute $HOME the places come from the passwd entry, which may answer otherwise later:
+    # a folder not found is resolved again each time
+    monkeypatch.delenv("HOME")
+    (user_data_home / userdirs.APP).rmdir()
+    resolved.clear()
+    assert userdirs.user_data_dir() is None and userdirs.user_data_dir() is None
+    assert resolved == ["data", "data"]
