@@ -7,8 +7,8 @@ JSON document per line, with where each line starts — and decodes a record whe
 (then keeps it); the few fields every call needs for every record (``COLUMNS``: a filter's type,
 domain, phase and tags, an expiry, the id, the importance a query's ranking reads of each candidate)
 come as columns beside them, read without decoding a record; a checkpoint keeps them in binary
-(``columns.py``: the ids as lines, the others as codes into their distinct values).  Records appended after the checkpoint, and every record of a state read from
-the log itself, are plain objects in a list.  It behaves as the list of records did: indexes (negative
+(``columns.py``: the ids as lines, the others as codes into their distinct values).  Records appended
+after the checkpoint, and every record of a state read from the log itself, are plain objects in a list.  It behaves as the list of records did: indexes (negative
 too), slices (lists), iteration, ``append``, and assignment (the state replaces a record when an
 ``anchor`` op moves its anchors).
 """

@@ -149,7 +149,7 @@ def folder(kind: str, *, write: bool = True) -> Folder:
     known = _resolved.get((kind, write))
     if known is not None and known[0] == env and (known[1].path.is_dir() if known[1].path is not None
                                                   else not write and _still_missing((kind, write), known[1])):
-        return known[1]  # (a folder not found is looked for again: it may have been made meanwhile)
+        return known[1]  # (a folder not found is looked for again, if only by a stat: it may be made meanwhile)
     base = home()
     if kind == "config":
         xdg = _absolute(os.environ.get("XDG_CONFIG_HOME")) or (base / ".config" if base else None)

@@ -113,10 +113,10 @@ def _words(text: str) -> list[str]:
 
 
 def _same_marks(a: str, b: str) -> bool:
-    """Whether two texts (title, a space, body) surely have the same marks, found from where they differ: the words
-    from the first differing one to the last (in each; whitespace bounds them, and a whitespace character
-    neither changes nor joins its neighbours under NFKC and case folding, so the words outside are the
-    same in both) hold no version, number or negation.  False: compare the marks."""
+    """Whether two texts (title, a space, body) surely have the same marks, found from where they differ:
+    the words from the first differing one to the last (in each; whitespace bounds them, and a whitespace
+    character neither changes nor joins its neighbours under NFKC and case folding, so the words outside
+    are the same in both) hold no version, number or negation.  False: compare the marks."""
     if a == b:
         return True
     start = _common_prefix(a, b)
