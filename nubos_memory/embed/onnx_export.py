@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -184,21 +184,30 @@ def exporting(name: str, note: str, *, quiet: bool) -> Iterator[Path]:
         lock.release()
 
 
+def derived(name: str, note: str, current: Callable[[], tuple[str, str, Path | None]],
+            make: Callable[[Path], None], *, quiet: bool) -> Path:
+    """The ready file ``current()`` names (its ``state``), made by ``make(onnx folder)`` under ``name``'s
+    lock (``exporting``) unless another process made it meanwhile; :class:`Unsupported` when it is
+    refused, or still not ready after making it."""
+    with exporting(name, note, quiet=quiet) as base:
+        status, why, path = current()
+        if status == "ready" and path is not None:
+            return path  # another process made it meanwhile
+        if status == "refused":
+            raise Unsupported(why)
+        make(base)
+    status, why, path = current()
+    if status != "ready" or path is None:
+        raise Unsupported(why)
+    return path
+
+
 def export(folder: Path, digest: str, *, quiet: bool = False) -> Path:
     """Export the model in ``folder`` (whose files have ``digest``), check its parity, and publish it
     in the cache; raise :class:`Unsupported` when it cannot be used (recorded, so it is not retried).
     Takes a lock: two processes never export the same model at once (the second says it waits)."""
-    with exporting(digest, "exporting the embedding model to ONNX (once per model, about 20 s)", quiet=quiet) as base:
-        status, why, path = state(digest)
-        if status == "ready" and path is not None:
-            return path  # another process exported it meanwhile
-        if status == "refused":
-            raise Unsupported(why)
-        _export_checked(folder, digest, base, quiet=quiet)
-    status, why, path = state(digest)
-    if status != "ready" or path is None:
-        raise Unsupported(why)
-    return path
+    return derived(digest, "exporting the embedding model to ONNX (once per model, about 20 s)",
+                   lambda: state(digest), lambda base: _export_checked(folder, digest, base, quiet=quiet), quiet=quiet)
 
 
 def _export_checked(folder: Path, digest: str, base: Path, *, quiet: bool) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .onnx_export import PROBES, checked, exporting, publish, read_meta, root, sealed, staged
+from .onnx_export import PROBES, checked, derived, exporting, publish, read_meta, root, sealed, staged
 from .onnx_export import folder_for as export_folder
 from .onnx_export import state as export_state
 from .onnx_runtime import OnnxRuntime, Unsupported
@@ -86,34 +86,29 @@ def state(digest: str) -> tuple[str, str, Path | None]:
 def quantize(folder: Path, digest: str, *, quiet: bool = False) -> Path:
     """Make, check and publish the int8 copy of the (ready) export of the model in ``folder``; raise
     :class:`Unsupported` when it cannot be used (a refusal is recorded, so no process tries again)."""
-    with exporting(f"{digest}.int8", "making the int8 copy of the embedding model for queries (once, about 2 s)",
-                   quiet=quiet) as base:
-        status, why, path = state(digest)
-        if status == "ready" and path is not None:
-            return path
-        if status == "refused":
-            raise Unsupported(why)
-        ready, why, exact = export_state(digest)
-        if ready != "ready" or exact is None:
-            raise Unsupported(f"the exact export is not ready ({why})")
-        target = folder_for(digest)
-        assert target is not None  # root() is there: exporting() checked it
-        with staged(base, f"{digest}.int8") as tmp:
-            start = time.perf_counter()
-            info = _quantized(exact, tmp)
-            info["files"] = sealed(tmp, FILES)
-            info["parity"] = parity(folder, exact, tmp / FILES[0])
-            info["quantize_s"] = round(time.perf_counter() - start, 2)
-            mean, worst = info["parity"]["mean_cos"], info["parity"]["min_cos"]
-            if mean < PARITY_MEAN_MIN or worst < PARITY_MIN:
-                info["refused"] = (f"the int8 copy's vectors are too far from the exact model's (cosine {mean:.4f}, "
-                                   f"worst {worst:.4f}, on the probes); queries are embedded exactly")
-            info.update(_source(digest), digest=digest)
-            publish(tmp, target, info, RECIPE)
-    status, why, path = state(digest)
-    if status != "ready" or path is None:
-        raise Unsupported(why)
-    return path
+    return derived(f"{digest}.int8", "making the int8 copy of the embedding model for queries (once, about 2 s)",
+                   lambda: state(digest), lambda base: _make(folder, digest, base), quiet=quiet)
+
+
+def _make(folder: Path, digest: str, base: Path) -> None:
+    """Quantize the export, measure its parity and publish the copy (refused when too far), in ``base``."""
+    ready, why, exact = export_state(digest)
+    if ready != "ready" or exact is None:
+        raise Unsupported(f"the exact export is not ready ({why})")
+    target = folder_for(digest)
+    assert target is not None  # root() is there: exporting() checked it
+    with staged(base, f"{digest}.int8") as tmp:
+        start = time.perf_counter()
+        info = _quantized(exact, tmp)
+        info["files"] = sealed(tmp, FILES)
+        info["parity"] = parity(folder, exact, tmp / FILES[0])
+        info["quantize_s"] = round(time.perf_counter() - start, 2)
+        mean, worst = info["parity"]["mean_cos"], info["parity"]["min_cos"]
+        if mean < PARITY_MEAN_MIN or worst < PARITY_MIN:
+            info["refused"] = (f"the int8 copy's vectors are too far from the exact model's (cosine {mean:.4f}, "
+                               f"worst {worst:.4f}, on the probes); queries are embedded exactly")
+        info.update(_source(digest), digest=digest)
+        publish(tmp, target, info, RECIPE)
 
 
 def refuse(digest: str, why: str) -> None:
