@@ -105,6 +105,17 @@ class RecordList(Sequence[Record]):
             return column[index]
         return self[index].get(name)
 
+    def values_at(self, positions: Sequence[int], name: str) -> list[Any]:
+        """:meth:`value` of each of ``positions`` (each in range, not negative): a query's candidates in one
+        pass, a column's codes read directly."""
+        column, kept = self._columns.get(name), self._kept
+        if isinstance(column, Coded):
+            distinct, codes = column.distinct, column.codes
+            return [distinct[codes[p]] if p < kept else self._tail[p - kept].get(name) for p in positions]
+        if column is not None:
+            return [column[p] if p < kept else self._tail[p - kept].get(name) for p in positions]
+        return [self._at(p).get(name) for p in positions]
+
     def column(self, name: str) -> Sequence[Any] | None:
         """The kept records' column ``name`` as it is held (a list, or ``columns.py``'s ``Lines`` or
         ``Coded``), None where there is none."""

@@ -147,7 +147,7 @@ def folder(kind: str, *, write: bool = True) -> Folder:
     """This user's ``config``, ``cache`` or ``data`` folder (resolved once per process and environment)."""
     env = tuple(os.environ.get(k) for k in ENV_KEYS)
     known = _resolved.get((kind, write))
-    if known is not None and known[0] == env and (known[1].path.is_dir() if known[1].path is not None
+    if known is not None and known[0] == env and (_still_safe((kind, write), known[1]) if known[1].path is not None
                                                   else not write and _still_missing((kind, write), known[1])):
         return known[1]  # (a folder not found is looked for again, if only by a stat: it may be made meanwhile)
     base = home()
@@ -164,6 +164,15 @@ def folder(kind: str, *, write: bool = True) -> Folder:
     _resolved[(kind, write)] = (env, found)
     _resolved_uid[(kind, write)] = os.getuid()
     return found
+
+
+def _still_safe(key: tuple[str, bool], found: Folder) -> bool:
+    """Whether a folder found earlier may still be used as it is: this process's uid is the one it was
+    found as, and it passes the checks it passed then (``unsafe``; the fallback's own folder too: a
+    folder made writable by others since, or replaced by another user's, is resolved again, and so refused)."""
+    assert found.path is not None
+    return _resolved_uid.get(key) == os.getuid() and unsafe(found.path, write=key[1]) is None \
+        and not (found.fallback and key[1] and unsafe(found.path.parent, write=True) is not None)
 
 
 def _still_missing(key: tuple[str, bool], found: Folder) -> bool:

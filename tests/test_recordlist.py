@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nubos_memory.api.memory import Memory
+from nubos_memory.columns import Coded
 from nubos_memory.recordlist import COLUMNS, RecordList
 from nubos_memory.store import checkpoint
 
@@ -50,6 +51,7 @@ def test_it_behaves_as_the_list_it_replaces():
         assert got.values(name, 5) == [r.get(name) for r in recs[5:]]
         assert got.values(name, 8) == []
         assert [got.value(i, name) for i in range(8)] == got.values(name)
+        assert got.values_at([7, 0, 3, 3, 6], name) == [got.value(i, name) for i in (7, 0, 3, 3, 6)]
     with pytest.raises(IndexError):
         got[-9] = extra  # (before the first: never a column written through a wrapped index)
     with pytest.raises(IndexError):
@@ -57,6 +59,21 @@ def test_it_behaves_as_the_list_it_replaces():
     assert got == [recs[0], moved, *recs[2:]] and got.values("id")[0] == "r0"
     again = RecordList(*got.encode())  # a list that was read, replaced and appended to encodes all of it
     assert list(again) == [recs[0], moved, *recs[2:]]
+
+
+def test_values_at_reads_columns_as_held_without_decoding():
+    """A query's candidates' field in one pass (``values_at``): from a checkpoint's coded column, a plain
+    column or the records themselves, the kept part and the appended one alike."""
+    recs = records(9)
+    blob, offsets, columns = kept(recs).encode()
+    extra = {"id": "x", "type": "learning", "title": "x", "body": "y", "importance": 0.25}
+    for held in ({n: Coded.of(v) for n, v in columns.items()}, columns, {}):
+        got = RecordList(memoryview(blob), offsets, held)
+        got.append(extra)
+        for name in COLUMNS:
+            want = [r.get(name) for r in [*recs, extra]]
+            assert got.values_at([9, 0, 8, 4], name) == [want[i] for i in (9, 0, 8, 4)]
+        assert got.decoded == (0 if held else 3)  # (without columns: the records asked for)
 
 
 def test_it_decodes_a_record_only_when_read_and_once():

@@ -217,7 +217,7 @@ def test_an_export_another_user_could_change_is_not_used(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not ROOT or shutil.which("setpriv") is None, reason="needs root and setpriv to be another uid")
-def test_another_uid_replacing_the_weights_and_the_hash_entry_is_caught(other_uid_dir, monkeypatch):
+def test_another_uid_replacing_the_weights_and_the_hash_entry_is_caught(other_uid_dir, monkeypatch, tmp_path_factory):
     """The attack of item 5, with a real second uid: a cache folder another user can write, whose
     weights and hash cache that user rewrites (keeping size and mtime)."""
     from nubos_memory.embed import modelfiles, onnx_export
@@ -225,6 +225,10 @@ def test_another_uid_replacing_the_weights_and_the_hash_entry_is_caught(other_ui
     tmp_path = other_uid_dir
     cache = tmp_path / "cache"
     monkeypatch.setenv("NUBOS_MEMORY_CACHE", str(cache))
+    safe = tmp_path_factory.mktemp("own-cache")  # where this user's cache goes once that one is refused
+    monkeypatch.setenv("XDG_CACHE_HOME", str(safe))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("own-config")))  # (its key: never a real one)
+    monkeypatch.setenv("HOME", NOWHERE)
     where = fake_export(cache, "d4")
     weights = where / "model.onnx.data"
     assert modelfiles.file_hash(weights) == onnx_export.sha256_of(weights)
@@ -239,8 +243,14 @@ def test_another_uid_replacing_the_weights_and_the_hash_entry_is_caught(other_ui
     done = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable, "-c",
                            attack], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert onnx_export.state("d4")[0] == "damaged"  # the folder and files are others'; and the hash differs
-    assert modelfiles.file_hash(weights) == onnx_export.sha256_of(weights)  # the forged entry is not believed
+    # the cache folder others can write now is not used any more (checked again at each use) ...
+    assert userdirs.user_cache_dir() == safe / userdirs.APP and onnx_export.state("d4")[0] == "missing"
+    # ... and where it still were, its export is damaged (the folder and files are others', the hash differs)
+    # and its hash cache's forged entry is not believed
+    monkeypatch.setattr(onnx_export, "root", lambda: cache / "onnx")
+    monkeypatch.setattr(modelfiles, "user_cache_dir", lambda: cache)
+    assert onnx_export.state("d4")[0] == "damaged"
+    assert modelfiles.file_hash(weights) == onnx_export.sha256_of(weights)
 
 
 def test_the_hash_cache_is_signed(tmp_path, monkeypatch):
@@ -341,6 +351,32 @@ def test_a_process_waiting_for_another_export_says_so(tmp_path, monkeypatch, cap
     onnx_export.export(tmp_path, "dx")
     holder.wait(timeout=30)
     assert "another process is exporting" in capsys.readouterr().err
+
+
+def test_a_process_stopped_while_it_holds_the_export_lock_never_hangs_the_next(tmp_path, monkeypatch, capsys):
+    """The lock is released when its holder dies, not when it is stopped (SIGSTOP, a debugger): the next process
+    waits at most ``LOCK_WAIT_S``, then goes on without the file (ONNX export: torch; int8 copy: exact queries)."""
+    from nubos_memory.embed import onnx_export
+
+    monkeypatch.setenv("NUBOS_MEMORY_CACHE", str(tmp_path / "c"))
+    monkeypatch.setattr(onnx_export, "LOCK_WAIT_S", 0.5)
+    base = onnx_export.root()
+    base.mkdir(parents=True, mode=0o700)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from filelock import FileLock; "
+                               f"lock = FileLock({str(base / '.dx.lock')!r}); lock.acquire(); print('held', flush=True); "
+                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        made: list[Path] = []
+        start = time.monotonic()
+        with pytest.raises(onnx_export.Waited, match="still exporting the embedding model after 0 s; this process goes on"):
+            onnx_export.derived("dx", "exporting the embedding model", lambda: ("missing", "not made", None),
+                                made.append, quiet=False)
+        assert time.monotonic() - start < 10 and not made
+        assert "another process is exporting the embedding model; waiting for it" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
 
 
 # -- 2/4/12. the newest statement wins, by time -------------------------------------------------------

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from nubos_memory import Memory
+from nubos_memory import Memory, codes
 from nubos_memory.api import usermemory
 from nubos_memory.embed.hashing import HashEmbedder
-from nubos_memory.errors import InputError
+from nubos_memory.errors import InputError, StoreError
 
 from .conftest import index_records, memory_dir, query, rec, run_cli, write_config
 
@@ -258,3 +258,50 @@ def test_a_missing_data_folder_is_looked_for_with_a_stat_until_it_is_made(user_d
     resolved.clear()
     assert userdirs.user_data_dir() is None and userdirs.user_data_dir() is None
     assert resolved == ["data", "data"]
+
+
+def test_a_found_data_folder_others_can_now_write_is_refused_at_its_next_use(user_data_home: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch):
+    """A folder found once is kept for the process, but only while it still passes the checks that found it: one
+    made writable by others since is refused from the next call on, not used until the process ends."""
+    from nubos_memory import userdirs
+
+    resolved: list[str] = []
+    real = userdirs._resolve
+    monkeypatch.setattr(userdirs, "_resolve", lambda kind, *a, **k: resolved.append(kind) or real(kind, *a, **k))
+    folder = user_data_home / userdirs.APP
+    folder.mkdir(mode=0o700)
+    assert userdirs.user_data_dir() == folder and userdirs.user_data_dir() == folder
+    assert resolved == ["data"]  # (kept while it is safe)
+    os.chmod(folder, 0o777)
+    try:
+        assert userdirs.user_data_dir() is None
+        refused = userdirs.folder("data", write=False).refused or []
+        assert [r["path"] for r in refused] == [str(folder)] and "writable by group or others" in refused[0]["why"]
+        with pytest.raises(StoreError) as err:
+            usermemory.user_root(strict=True)
+        assert err.value.code == codes.USER_MEMORY_UNAVAILABLE
+    finally:
+        os.chmod(folder, 0o700)
+    assert userdirs.user_data_dir() == folder
+
+
+def test_a_warm_process_stops_using_a_user_memory_whose_folder_others_can_now_write(project: Path,
+                                                                                   user_data_home: Path):
+    """memory-serve keeps one ``Memory``: the user memory it opened is checked again at each use, so a folder
+    made writable by others since is refused (``user-memory-unavailable``), as a new process would refuse it."""
+    from nubos_memory import userdirs
+
+    mem = Memory.open(project, embedder=HashEmbedder("hash-64"))
+    assert mem.for_scope("user", create=True).add(rec("a user note", "kept for every project"))["id"]
+    assert mem.for_scope("user") is mem.for_scope("user")  # (kept while its folder is unchanged)
+    folder = user_data_home / userdirs.APP
+    os.chmod(folder, 0o777)
+    try:
+        for create in (False, True):
+            with pytest.raises(StoreError) as err:
+                mem.for_scope("user", create=create)
+            assert err.value.code == codes.USER_MEMORY_UNAVAILABLE
+    finally:
+        os.chmod(folder, 0o700)
+    assert mem.for_scope("user").query("user note")["hits"]

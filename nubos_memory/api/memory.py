@@ -147,9 +147,13 @@ class Memory:
         check(WRITE_SCOPE, scope)
         if scope != "user" or self.name == "user":
             return self
-        if self._user is None:
-            from .usermemory import open_user
+        from .usermemory import open_user, user_root
 
+        # (a warm process keeps the user memory it opened only while its folder is still the one found, and
+        # still safe: one made writable by others since is refused here, as a new process would refuse it)
+        if self._user is not None and user_root(write=create, strict=True) != self._user.project.root:
+            self._user = None
+        if self._user is None:
             self._user = open_user(self, create=create)
             if self._settle_later:
                 self._user.leave_to_background(self.project.root)

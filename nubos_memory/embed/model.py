@@ -212,7 +212,7 @@ class ModelEmbedder(Embedder):
     def _onnx_runtime(self, folder: Path, choice: Choice) -> Runtime | None:
         """The ONNX runtime ``choice`` names, the model exported first when its export is not ready;
         None (and why) when the export cannot be used."""
-        from .onnx_export import export, state
+        from .onnx_export import Waited, export, state
         from .onnx_runtime import OnnxRuntime, Unsupported
 
         path, why = choice.path, choice.why
@@ -221,6 +221,9 @@ class ModelEmbedder(Embedder):
             try:
                 path = export(folder, digest_)
                 why = state(digest_)[1]
+            except Waited as exc:
+                self._why = str(exc)
+                return None
             except Unsupported as exc:
                 self._why = f"ONNX cannot run this model exactly: {exc}"
                 return None

@@ -50,6 +50,7 @@ RECIPE = 2  # the export recipe's version: a new one makes old exports stale (2:
 PARITY_MIN = 0.99999
 FILES = ("model.onnx", "model.onnx.data")
 META = "export.json"
+LOCK_WAIT_S = 120.0  # the longest a process waits for another that derives the same file (an export takes ~20 s)
 
 _EN = ("Releases are cut by hand: trigger the release workflow from the Actions tab with the version input; "
        "nothing publishes on tag push, and production follows the staging smoke test. ")
@@ -159,10 +160,17 @@ def checked(where: Path | None, recipe: int, missing: str) -> tuple[str, str, di
     return "ready", "", meta
 
 
+class Waited(Unsupported):
+    """Another process held the lock to derive a file for longer than ``LOCK_WAIT_S`` (nothing is recorded:
+    the file is not refused, only not had by this process)."""
+
+
 @contextlib.contextmanager
 def exporting(name: str, note: str, *, quiet: bool) -> Iterator[Path]:
     """Hold the lock that makes one process at a time derive ``name`` in the cache (the second says
-    ``note`` on stderr and waits); yields the cache's ``onnx/`` folder."""
+    ``note`` on stderr and waits, at most ``LOCK_WAIT_S``: then :class:`Waited`, and the caller goes on
+    without the file, as for any other reason it cannot be had: nothing hangs on a process that is stopped
+    while it holds the lock); yields the cache's ``onnx/`` folder."""
     from filelock import FileLock, Timeout
 
     base = root()
@@ -175,9 +183,14 @@ def exporting(name: str, note: str, *, quiet: bool) -> Iterator[Path]:
         lock.acquire(timeout=0)
     except Timeout:
         if not quiet:
-            sys.stderr.write(f"nubos-memory: another process is {note}; waiting for it\n")
+            sys.stderr.write(f"nubos-memory: another process is {note}; waiting for it (at most "
+                             f"{LOCK_WAIT_S:.0f} s)\n")
             sys.stderr.flush()
-        lock.acquire()
+        try:
+            lock.acquire(timeout=LOCK_WAIT_S)
+        except Timeout:
+            raise Waited(f"another process is still {note.split(' (', 1)[0]} after {LOCK_WAIT_S:.0f} s; this "
+                         "process goes on without it (the next one tries again)") from None
     try:
         yield base
     finally:
@@ -205,7 +218,8 @@ def derived(name: str, note: str, current: Callable[[], tuple[str, str, Path | N
 def export(folder: Path, digest: str, *, quiet: bool = False) -> Path:
     """Export the model in ``folder`` (whose files have ``digest``), check its parity, and publish it
     in the cache; raise :class:`Unsupported` when it cannot be used (recorded, so it is not retried).
-    Takes a lock: two processes never export the same model at once (the second says it waits)."""
+    Takes a lock: two processes never export the same model at once (the second says it waits, and goes
+    on without the export after ``LOCK_WAIT_S``: not recorded)."""
     return derived(digest, "exporting the embedding model to ONNX (once per model, about 20 s)",
                    lambda: state(digest), lambda base: _export_checked(folder, digest, base, quiet=quiet), quiet=quiet)
 

@@ -239,22 +239,23 @@ def collapse(ranked: list[Any], vectors: np.ndarray, has: np.ndarray, threshold:
     head_group: list[int] = []
     held = np.empty((min(k, len(ranked)), vectors.shape[1]), dtype=vectors.dtype)  # the heads' vectors, in order
     done = len(ranked)
+    with_vector = has.tolist()  # (plain bools and the array's own methods: the loop runs once per candidate)
     for i, cand in enumerate(ranked):
         if len(groups) == k:
             done = i
             break
-        if has[i] and heads:
+        if with_vector[i] and heads:
             sims = held[:len(heads)] @ vectors[i]
-            best = int(np.argmax(sims))
+            best = int(sims.argmax())
             if sims[best] >= threshold:
                 groups[head_group[best]].append(cand)
                 continue
         groups.append([cand])
-        if has[i]:
+        if with_vector[i]:
             held[len(heads)] = vectors[i]
             heads.append(i)
             head_group.append(len(groups) - 1)
-    rest = [i for i in range(done, len(ranked)) if has[i]]
+    rest = [i for i in range(done, len(ranked)) if with_vector[i]]
     if rest and heads:
         sims = vectors[rest] @ held[:len(heads)].T
         best = sims.argmax(axis=1)

@@ -355,9 +355,11 @@ def _ranked(cands: list[Candidate], records: RecordList, req: Request, threshold
     """The candidates kept by the query's ranking rule (``fusion.ranker``), best first; importance
     reorders near-ties only, it never admits a record (``fusion.py``)."""
     kept = ranker(req.mode, req.fusion)(cands, req.alpha, threshold)
-    for c in kept:
+    # (a column: no record decoded)
+    for c, importance in zip(kept, records.values_at([c.position for c in kept], "importance")):
         c.fused = c.score
-        c.score *= importance_factor(records.value(c.position, "importance"))  # (a column: no record decoded)
+        if importance is not None:
+            c.score *= importance_factor(importance)
     kept.sort(key=lambda c: (-c.score, c.position))
     return kept
 

@@ -75,7 +75,7 @@ class VectorState:
         out = np.zeros((len(pos), dim), dtype=np.float32)
         if self.index is not None and has.any():
             out[has] = self.index.gather(labels[has])
-        for i, p in enumerate(positions):
+        for i, p in enumerate(positions if self.extra else ()):  # (embedded for this answer: usually none)
             if not has[i] and p in self.extra:
                 out[i] = self.extra[p]
                 has[i] = True
