@@ -129,8 +129,8 @@ def _resolve(kind: str, candidates: list[Path | None], *, write: bool) -> Folder
     for path in [*candidates, *(() if kind == "data" else (fallback,))]:
         if path is None:
             continue
-        if path == fallback and write:
-            why = prepare(fallback.parent, write=True) or prepare(fallback, write=True)
+        if path == fallback:  # (its own folder first: another user may have made it, and put a link in it)
+            why = prepare(fallback.parent, write=write) or prepare(fallback, write=write)
         else:
             why = prepare(path, write=write)
         if why is None:
@@ -172,7 +172,7 @@ def _still_safe(key: tuple[str, bool], found: Folder) -> bool:
     folder made writable by others since, or replaced by another user's, is resolved again, and so refused)."""
     assert found.path is not None
     return _resolved_uid.get(key) == os.getuid() and unsafe(found.path, write=key[1]) is None \
-        and not (found.fallback and key[1] and unsafe(found.path.parent, write=True) is not None)
+        and not (found.fallback and unsafe(found.path.parent, write=key[1]) is not None)
 
 
 def _still_missing(key: tuple[str, bool], found: Folder) -> bool:

@@ -111,6 +111,27 @@ def test_a_cache_folder_others_can_write_is_refused_for_a_safe_one(tmp_path, mon
     assert notes and "writable by group or others" in notes[0]["message"]
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="planting a folder as another user needs root (chown)")
+def test_a_fallback_folder_another_user_made_is_not_read_through_a_link_in_it(tmp_path, monkeypatch):
+    """Reads use the fallback too (``$TMPDIR/nubos-memory-<uid>/config`` with a read-only home). Another user
+    who made ``nubos-memory-<uid>`` first could put a link there to a folder of ours (a cloned repository)
+    whose ``settings.json`` allows downloads: the fallback's own folder is checked on reads as on writes."""
+    planted = tmp_path / f"nubos-memory-{os.getuid()}"
+    planted.mkdir(mode=0o755)
+    ours = tmp_path / "a-clone"
+    ours.mkdir(mode=0o700)
+    (ours / "settings.json").write_text('{"allow_downloads": true}')
+    (planted / "config").symlink_to(ours)
+    os.chown(planted, 65534, 65534)
+    monkeypatch.setenv("HOME", NOWHERE)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    for name in ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "NUBOS_MEMORY_ALLOW_DOWNLOADS"):
+        monkeypatch.delenv(name, raising=False)
+    assert userdirs.user_config_dir() is None and not userdirs.allow_downloads()
+    refused = userdirs.folder("config", write=False).refused or []
+    assert any(r["path"] == str(planted / "config") and "belongs to uid 65534" in r["why"] for r in refused)
+
+
 def test_a_read_only_home_uses_the_documented_fallback_not_a_penalty_per_call(tmp_path, monkeypatch):
     no_user_folders(monkeypatch)
     monkeypatch.setenv("TMPDIR", str(tmp_path))

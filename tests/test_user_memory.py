@@ -292,6 +292,7 @@ def test_a_warm_process_stops_using_a_user_memory_whose_folder_others_can_now_wr
     made writable by others since is refused (``user-memory-unavailable``), as a new process would refuse it."""
     from nubos_memory import userdirs
 
+    configure_user(user_data_home)  # (the user memory's own settings: the hash embedder, no model)
     mem = Memory.open(project, embedder=HashEmbedder("hash-64"))
     assert mem.for_scope("user", create=True).add(rec("a user note", "kept for every project"))["id"]
     assert mem.for_scope("user") is mem.for_scope("user")  # (kept while its folder is unchanged)
