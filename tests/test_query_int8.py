@@ -297,3 +297,39 @@ def test_threads_asking_at_once_load_the_query_copy_once(monkeypatch):
     for t in threads:
         t.join()
     assert made == [1] and emb._query_why == "test"
+
+
+@pytest.mark.model
+def test_a_process_that_waited_too_long_for_the_export_runs_torch_and_says_queries_are_exact(
+        packaged, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Another process holds the export's lock past ``LOCK_WAIT_S`` (stopped, not dead): this one runs the
+    model on torch, embeds queries exactly, says so in ``memory-stats``' plan, and records nothing."""
+    import subprocess
+    import sys
+
+    from nubos_memory.embed import onnx_export
+
+    monkeypatch.setenv("NUBOS_MEMORY_CACHE", str(tmp_path / "cache"))  # no export here yet
+    monkeypatch.setattr(onnx_export, "LOCK_WAIT_S", 0.3)
+    base = onnx_export.root()
+    base.mkdir(parents=True, mode=0o700)
+    digest = packaged[1]
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from filelock import FileLock; "
+                               f"lock = FileLock({str(base / f'.{digest}.lock')!r}); lock.acquire(); "
+                               "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        emb = ModelEmbedder(DEFAULT_MODEL)
+        stored = emb.embed(QUERIES[:1])  # (a write: the model loads, on torch)
+        info = emb.runtime_info()  # (before any query: the plan says what the first one will do)
+        assert info["runtime"] == "torch" and "still exporting the embedding model" in info["why"]
+        assert info["queries"]["runtime"] == "exact" and "torch in this process" in info["queries"]["why"]
+        assert np.array_equal(emb.embed_search(QUERIES[:1]), stored)
+        assert emb.runtime_info()["queries"]["runtime"] == "exact"
+        assert onnx_export.state(digest)[0] == "missing" and onnx_int8.state(digest)[0] == "missing"
+        assert "waiting for it" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+        if holder.stdout is not None:
+            holder.stdout.close()

@@ -162,7 +162,8 @@ class ModelEmbedder(Embedder):
             return {"runtime": "onnx-int8", "why": self._query_why}
         if self._query_why is not None:
             return {"runtime": "exact", "why": self._query_why}
-        exact = self._exact_queries(choice or self.choose(self.folder()))
+        choice = choice or self.choose(self.folder())
+        exact = self._exact_queries(choice)
         if exact is not None:
             return {"runtime": "exact", "why": exact}
         from .onnx_int8 import state
@@ -170,6 +171,9 @@ class ModelEmbedder(Embedder):
         status, why, _ = state(self.files_digest() or "")
         if status == "refused":
             return {"runtime": "exact", "why": f"the int8 copy is refused: {why}"}
+        if status != "ready" and choice.status != "ready" and self._runtime is not None and self._runtime.name != "onnx":
+            # (this process went on without the export, as ``_make_query_runtime`` will find)
+            return {"runtime": "exact", "why": f"the model runs on torch in this process ({self._why}): queries too"}
         return {"runtime": "onnx-int8", "status": status, "why": why}
 
     def _exact_queries(self, choice: Choice) -> str | None:
