@@ -129,14 +129,18 @@ def _resolve(kind: str, candidates: list[Path | None], *, write: bool) -> Folder
     for path in [*candidates, *(() if kind == "data" else (fallback,))]:
         if path is None:
             continue
-        if path == fallback:  # (its own folder first: another user may have made it, and put a link in it)
-            why = prepare(fallback.parent, write=write) or prepare(fallback, write=write)
-        else:
-            why = prepare(path, write=write)
+        why = _checked(path, fallback=path == fallback, write=write)
         if why is None:
             return Folder(path, fallback=path == fallback, refused=refused)
         refused.append({"path": str(path), "why": why})
     return Folder(None, refused=refused)
+
+
+def _checked(path: Path, *, fallback: bool, write: bool) -> str | None:
+    """Why ``path`` cannot be this user's folder (``prepare``: made when ``write``), None when it can; the
+    fallback's own folder first (another user may have made it, and put a link in it)."""
+    why = prepare(path.parent, write=write) if fallback else None
+    return why or prepare(path, write=write)
 
 
 _resolved: dict[tuple[str, bool], tuple[tuple[str | None, ...], Folder]] = {}
@@ -168,11 +172,10 @@ def folder(kind: str, *, write: bool = True) -> Folder:
 
 def _still_safe(key: tuple[str, bool], found: Folder) -> bool:
     """Whether a folder found earlier may still be used as it is: this process's uid is the one it was
-    found as, and it passes the checks it passed then (``unsafe``; the fallback's own folder too: a
-    folder made writable by others since, or replaced by another user's, is resolved again, and so refused)."""
+    found as, and it passes the checks that found it (``_checked``: a folder made writable by others since,
+    or replaced by another user's, is resolved again, and so refused)."""
     assert found.path is not None
-    return _resolved_uid.get(key) == os.getuid() and unsafe(found.path, write=key[1]) is None \
-        and not (found.fallback and unsafe(found.path.parent, write=key[1]) is not None)
+    return _resolved_uid.get(key) == os.getuid() and _checked(found.path, fallback=found.fallback, write=key[1]) is None
 
 
 def _still_missing(key: tuple[str, bool], found: Folder) -> bool:
