@@ -347,3 +347,24 @@ def test_a_duplicate_stored_by_another_writer_meanwhile_is_still_caught(project)
     assert fired[0]["added"] == 1
     assert out["added"] == 0 and out["duplicate_of"] == fired[0]["id"]
     assert a.scan().live_count == 1
+
+
+def test_a_collapsed_hit_shows_its_newest_member_and_lists_the_others_in_rank_order():
+    from nubos_memory.search.answer import hit_of
+    from nubos_memory.search.fusion import Candidate
+
+    def member(i: int, when: str, limit: int) -> dict[str, object]:
+        return {"id": f"r{i}", "type": "learning", "title": f"the rate limit is {limit} per minute",
+                "body": "", "created_at": when}
+
+    records = [member(0, "2026-01-02T00:00:00Z", 100), member(1, "2026-03-01T00:00:00Z", 1000),
+               member(2, "2026-02-01T00:00:00Z", 100), member(3, "2026-03-01T00:00:00Z", 1000)]
+    group = [Candidate(p, 1.0, 1.0, 0.9) for p in (2, 3, 0, 1)]  # in rank order; 1 and 3 are the newest (a tie)
+    group[0].score = 0.75
+    hit = hit_of(group, records, None)  # type: ignore[arg-type]
+    assert hit["id"] == "r3" and hit["record"] is records[3]  # the tie goes to the greater id (records.recency)
+    assert hit["score"] == 0.75  # scored as the group's best
+    assert hit["collapsed"] == {"count": 3, "ids": ["r2", "r0", "r1"]}
+    assert [(c["id"], c["kind"]) for c in hit["conflicts"]] == [("r2", "number"), ("r0", "number")]
+    alone = hit_of([Candidate(0, 1.0, 1.0, 0.9)], records, None)  # type: ignore[arg-type]
+    assert alone["id"] == "r0" and "collapsed" not in alone

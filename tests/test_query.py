@@ -286,3 +286,22 @@ def test_hnsw_path_gives_the_exact_answer_on_a_small_memory(project, monkeypatch
     assert calls, "the HNSW path was not taken"
     assert [[(h["id"], h["score"]) for h in hits] for hits in approx] == \
         [[(h["id"], h["score"]) for h in hits] for hits in exact]
+
+
+def test_the_statistics_sample_of_a_large_scope_is_fixed_per_size_and_read_only():
+    import numpy as np
+
+    from nubos_memory.search.vector_side import _sample
+
+    first = _sample(50_000, 250)
+    assert first is _sample(50_000, 250)  # drawn once per size
+    assert len(first) == 250 and len(set(first.tolist())) == 250
+    assert (np.diff(first) > 0).all() and first[0] >= 0 and first[-1] < 50_000
+    assert not first.flags.writeable  # a caller cannot change what the next query reads
+    assert len(_sample(100, 250)) == 100  # a scope smaller than the sample: all of it
+    assert not np.array_equal(_sample(50_001, 250)[:10], first[:10])  # another size, another draw
+    # the very draw every earlier answer was ranked with (a scope's positions are sorted): answers stay the same
+    for n, size in ((50_000, 250), (120_000, 1000)):
+        in_scope = np.sort(np.random.default_rng(7).choice(10 * n, n, replace=False))
+        drawn = np.sort(np.random.default_rng(n).choice(in_scope, size, replace=False))
+        assert np.array_equal(in_scope[_sample(n, size)], drawn)

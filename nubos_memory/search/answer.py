@@ -81,13 +81,14 @@ def conflicts_of(shown: Record, older: list[Record]) -> list[dict[str, Any]]:
 def hit_of(group: list[Candidate], records: Sequence[Record], explain: dict[str, Any] | None) -> Hit:
     """One hit: the group's newest record, scored as its best; ``explain`` (the query's part of
     the explanation) adds the signals."""
-    c = max(group, key=lambda m: recency(records[m.position]))  # the newest statement, by its time
-    rec = records[c.position]
+    members = [records[m.position] for m in group]  # (each record read once)
+    newest = max(range(len(group)), key=lambda i: recency(members[i])) if len(group) > 1 else 0
+    c, rec = group[newest], members[newest]  # the newest statement, by its time
     hit: Hit = {"id": rec["id"], "score": round(group[0].score, 6), "retrieval": c.retrieval, "record": rec}
     if len(group) > 1:
-        hit["collapsed"] = {"count": len(group) - 1,
-                            "ids": [records[m.position]["id"] for m in group if m is not c]}
-        conflicts = conflicts_of(rec, [records[m.position] for m in group if m is not c])
+        older = members[:newest] + members[newest + 1:]
+        hit["collapsed"] = {"count": len(older), "ids": [r["id"] for r in older]}
+        conflicts = conflicts_of(rec, older)
         if conflicts:
             hit["conflicts"] = conflicts
     if explain is not None:

@@ -86,7 +86,8 @@ def squash(fused: float) -> float:
 
 @dataclass(slots=True)  # (a query makes one per candidate, a few hundred)
 class Candidate:
-    """One record's signals for a query (``cosine`` None = no vector: absent)."""
+    """One record's signals for a query (``cosine`` None = no vector: absent).  ``query._candidates``
+    passes the first ten fields by position: their order is part of that call."""
 
     position: int
     lexical_raw: float

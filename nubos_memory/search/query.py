@@ -327,11 +327,11 @@ def _candidates(lex: LexicalSide, vec: VectorSide | None, scope: Scope) -> list[
     lexical_z = ((contexts - lex.mean) / lex.sd).tolist()
     lexical_context = contexts.tolist()
     cosine, cosine_context, cosine_z = _vector_columns(vec, positions, scope)
-    vec_rank = vec.rank if vec is not None else {}
+    lexical_rank, vector_rank = lex.rank.get, (vec.rank if vec is not None else {}).get
+    # (the fields by position, in their declared order: a few hundred keyword calls cost ~0.15 ms a query)
     return [
-        Candidate(position=p, lexical_raw=raw[i], lexical_norm=normalised[i], cosine=cosine[i],
-                  lexical_rank=lex.rank.get(p), vector_rank=vec_rank.get(p), lexical_context=lexical_context[i],
-                  lexical_z=lexical_z[i], cosine_context=cosine_context[i], cosine_z=cosine_z[i])
+        Candidate(p, raw[i], normalised[i], cosine[i], lexical_rank(p), vector_rank(p), lexical_context[i],
+                  lexical_z[i], cosine_context[i], cosine_z[i])
         for i, p in enumerate(positions.tolist())
     ]
 

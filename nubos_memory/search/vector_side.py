@@ -13,6 +13,7 @@ candidates' and the distribution's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -166,12 +167,20 @@ def _approximate_top(cosines: Cosines, in_scope: np.ndarray, snap: Snapshot,
     inside = scope.positions[at] == proposed if len(scope.positions) else np.zeros(len(proposed), dtype=bool)
     proposed = np.concatenate([proposed[inside],  # never a row outside the scope (positions are sorted)
                                extra[np.isin(extra, scope.positions)] if len(extra) else extra])
-    rng = np.random.default_rng(len(in_scope))  # a fixed sample for a given memory size
-    size = STATS_SAMPLE_PIECES if cosines.lazy else STATS_SAMPLE
-    stats_of = np.sort(rng.choice(in_scope, min(size, len(in_scope)), replace=False))
+    stats_of = in_scope[_sample(len(in_scope), STATS_SAMPLE_PIECES if cosines.lazy else STATS_SAMPLE)]
     cosines.compute(scope.neighbourhood(stats_of), kept=True)  # (first: the same rows every query)
     cosines.compute(scope.neighbourhood(proposed))
     return top(proposed, cosines.cos[proposed], scope.n_cand), stats_of
+
+
+@lru_cache(maxsize=8)
+def _sample(n: int, size: int) -> np.ndarray:
+    """Which of ``n`` records in scope (by index, in order) stand in for the distribution: a fixed sample
+    for a given scope size, drawn once per size (read only)."""
+    rng = np.random.default_rng(n)
+    chosen = np.sort(rng.choice(n, min(size, n), replace=False))
+    chosen.flags.writeable = False
+    return chosen
 
 
 def _ranks(order: np.ndarray, known: np.ndarray, scope: Scope) -> dict[int, int]:
