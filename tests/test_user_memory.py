@@ -306,3 +306,34 @@ def test_a_warm_process_stops_using_a_user_memory_whose_folder_others_can_now_wr
     finally:
         os.chmod(folder, 0o700)
     assert mem.for_scope("user").query("user note")["hits"]
+
+
+@pytest.mark.parametrize("verb", ["query", "context"])
+def test_a_user_folder_refused_during_a_read_of_both_memories_leaves_the_projects_answer(
+        both: Path, user_data_home: Path, monkeypatch: pytest.MonkeyPatch, verb: str):
+    """A read over both memories decides at its start that the user memory is read; if its folder is made
+    writable by others before the read opens it, the answer is the project's alone, with the refusal warned
+    of as when it is refused from the start (not a ``user-memory-unavailable`` error)."""
+    from nubos_memory import userdirs
+
+    add(both, "the invoice total is in cents", "")
+    add(both, "invoice totals are rounded per line", "", "--scope", "user", "--hot")
+    mem = Memory.open(both)
+    folder = user_data_home / userdirs.APP
+    opening = Memory.for_scope
+
+    def refused_on_opening(self: Memory, scope: str | None, **kwargs: bool) -> Memory:  # others get write access
+        if scope == "user":  # just as the read opens the user memory, after it decided to read it
+            os.chmod(folder, 0o777)
+        return opening(self, scope, **kwargs)
+
+    monkeypatch.setattr(Memory, "for_scope", refused_on_opening)
+    try:
+        out = mem.query("invoice totals") if verb == "query" else mem.context("invoice totals")
+    finally:
+        os.chmod(folder, 0o700)
+    hits = out["hits"] if verb == "query" else [h for s in out["sections"].values() for h in s["hits"]]
+    assert hits and {h["memory"] for h in hits} == {"project"}
+    assert codes.USER_MEMORY_UNAVAILABLE in [w["code"] for w in out["warnings"]]
+    monkeypatch.setattr(Memory, "for_scope", opening)  # (undo() would drop the data folder's setting too)
+    assert {h["memory"] for h in mem.query("invoice totals")["hits"]} == {"project", "user"}  # safe again: both

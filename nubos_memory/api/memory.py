@@ -457,7 +457,10 @@ class Memory:
                        "fusion": fusion, "explain": explain, "mode": mode, "collapse": collapse,
                        "phase_exact": phase_exact, "since": since, "as_of": as_of, "side_weights": side_weights,
                        "domain": domain}
-            return usermemory.fused(self, text, parsed, options, branch=branch, max_tokens=max_tokens, track=track)
+            answer = usermemory.fused(self, text, parsed, options, scope=scope, branch=branch, max_tokens=max_tokens,
+                                      track=track)
+            if answer is not None:  # (None: the user memory's folder was refused since; the project's alone)
+                return answer
         result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
                            fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact,
                            since=since, as_of=as_of, positions=self._on_branch(branch), side_weights=side_weights,

@@ -148,15 +148,12 @@ def _relevant(mem: "Memory", text: str, k: int, taken: set[str], domain: str | N
     return result
 
 
-def _hot(mem: "Memory", scope: str | None, now: float) -> "list[Hit]":
-    """The hot records of the memories ``scope`` reads: the project's, then the user memory's, each newest first."""
-    from . import usermemory
-
+def _hot(owners: "dict[str, Memory]", stale_factor: float, now: float) -> "list[Hit]":
+    """The hot records of the memories read (``owners``): the project's, then the user memory's, each newest first."""
     out: list[Hit] = []
-    for name in usermemory.reads(mem, scope):
-        owner = mem.for_scope(name)
+    for name, owner in owners.items():
         hits = hot_hits(owner.scan(), now)
-        weigh_freshness(hits, owner.anchors, mem.config.stale_factor)
+        weigh_freshness(hits, owner.anchors, stale_factor)
         for hit in hits:
             hit["memory"] = name
         out += hits
@@ -169,10 +166,10 @@ def build_context(mem: "Memory", text: str, *, max_tokens: int, k: int, recent: 
     from . import usermemory
 
     now = time.time()
-    reads = usermemory.reads(mem, scope)
-    owner = mem.for_scope(reads[0])  # whose handoffs are recent: the project's (the user memory's alone)
+    owners = usermemory.opened(mem, scope)  # (each opened once, before anything is read or recorded)
+    owner = next(iter(owners.values()))  # whose handoffs are recent: the project's (the user memory's alone)
     scan = owner.scan()
-    hot_all = _hot(mem, scope, now)
+    hot_all = _hot(owners, mem.config.stale_factor, now)
     left_out: list[dict[str, Any]] = []
     hot = _section(hot_all, int(max_tokens * HOT_SHARE), "hot-share", left_out, "hot")
     taken = {h["id"] for h in hot["hits"]}
@@ -191,9 +188,9 @@ def build_context(mem: "Memory", text: str, *, max_tokens: int, k: int, recent: 
     mark_merged(hot["hits"] + latest["hits"], mem.git)
     warnings = result["warnings"]
     shown = hot["hits"] + relevant["hits"] + latest["hits"]
-    for name in reads:  # each memory counts its own records' retrievals
+    for name, reader in owners.items():  # each memory counts its own records' retrievals
         ids = sorted({h["id"] for h in shown if h.get("memory", mem.name) == name})
-        if track and ids and not mem.for_scope(name).store.usage.record(ids):
+        if track and ids and not reader.store.usage.record(ids):
             warnings.append({"code": codes.USAGE_NOT_RECORDED,
                              "message": "could not record this block's records as retrieved; retrievals are not "
                                         "counted"})

@@ -125,6 +125,25 @@ def reads(mem: "Memory", scope: str | None) -> list[str]:
     return [PROJECT, USER] if exists() else [PROJECT]
 
 
+def turned_unsafe(mem: "Memory", scope: str | None, exc: StoreError) -> bool:
+    """Whether ``exc`` is the user memory's folder refused during a read that covered both memories (made
+    writable by others since ``reads`` decided) and the read may go on with the project's alone: it did not
+    name the user memory, and ``reads`` now covers the project only (the refusal is then warned of as in any
+    project-only answer: ``note_project_only``)."""
+    return exc.code == codes.USER_MEMORY_UNAVAILABLE and scope != USER and reads(mem, scope) == [PROJECT]
+
+
+def opened(mem: "Memory", scope: str | None) -> "dict[str, Memory]":
+    """The memories a multi-step read with ``scope`` covers (``reads``), each opened once, before the read
+    does anything: a user memory whose folder is refused in between is left out as ``turned_unsafe`` says."""
+    try:
+        return {name: mem.for_scope(name) for name in reads(mem, scope)}
+    except StoreError as exc:
+        if not turned_unsafe(mem, scope, exc):
+            raise
+        return {PROJECT: mem}
+
+
 def note_project_only(mem: "Memory", result: "QueryResult", scope: str | None) -> None:
     """A project-only answer of a memory that may read the user memory says which memories it read, and
     when the user memory was left out because its folder is refused (``refused_notes``)."""
@@ -191,10 +210,21 @@ def share_embedder(mem: "Memory", user: "Memory") -> None:
         user.use_embedder(mem.embedder)
 
 
-def fused(mem: "Memory", text: str, parsed: "Parsed | None", options: dict[str, Any], *, branch: str | None,
-          max_tokens: int | None, track: bool) -> "QueryResult":
+def fused(mem: "Memory", text: str, parsed: "Parsed | None", options: dict[str, Any], *, scope: str | None,
+          branch: str | None, max_tokens: int | None, track: bool) -> "QueryResult | None":
     """``memory-query --scope all``: both memories in one ranking over one scope statistic (``search/fused.py``),
-    each hit saying which memory holds it."""
+    each hit saying which memory holds it; None when the user memory's folder was refused since ``reads``
+    decided (``turned_unsafe``: the caller answers from the project alone, nothing recorded yet)."""
+    try:
+        return _fused(mem, text, parsed, options, branch=branch, max_tokens=max_tokens, track=track)
+    except StoreError as exc:
+        if not turned_unsafe(mem, scope, exc):
+            raise
+        return None
+
+
+def _fused(mem: "Memory", text: str, parsed: "Parsed | None", options: dict[str, Any], *, branch: str | None,
+           max_tokens: int | None, track: bool) -> "QueryResult":
     from ..search.fused import fused_query
     from ..search.plan import Request
     from .anchors import weigh_freshness
