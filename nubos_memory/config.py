@@ -26,6 +26,7 @@ from .limits import (
     DEFAULT_MODEL,
     DEVICES,
     FUSIONS,
+    MAX_ECHO,
     MAX_GATEWAY_CALL_S,
     MAX_GENERATOR_CALL_S,
     MAX_QUESTIONS,
@@ -219,9 +220,26 @@ def _base_url(value: Any, key: str = "base_url") -> str:
     except ValueError:
         ok = False
     if not ok:
-        raise _bad(key, value, "an http(s) URL with a host and no user, password, query or fragment "
-                               "(e.g. http://127.0.0.1:8000/v1)")
+        expected = "an http(s) URL with a host and no user, password, query or fragment (e.g. http://127.0.0.1:8000/v1)"
+        shown = _shown_url(value)
+        raise ConfigError(f"memory.{key} must be {expected}, got {shown}", code=codes.CONFIG_INVALID_VALUE,
+                          details={"key": f"memory.{key}", "value": shown, "expected": expected})
     return str(value).rstrip("/")
+
+
+def _shown_url(value: Any) -> str:
+    """What an error repeats of a refused URL: its scheme, host, port and path only (a key or password may
+    be in its user part, query or fragment, or be the whole value when it is no URL at all)."""
+    try:
+        parts = urlsplit(value) if isinstance(value, str) else None
+        port = parts.port if parts is not None else None
+    except ValueError:
+        parts = port = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        return "a value that is not an http(s) URL with a host (not shown)"
+    hidden = parts.username is not None or bool(parts.query or parts.fragment)
+    shown = f"{parts.scheme}://{parts.hostname}{'' if port is None else f':{port}'}{parts.path}"
+    return repr(shown[:MAX_ECHO]) + (" (its user, password, query or fragment not shown)" if hidden else "")
 
 
 def _project_base_url(value: Any, key: str = "base_url", env: str = EMBED_BASE_URL_ENV,

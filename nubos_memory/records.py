@@ -44,6 +44,7 @@ from .limits import (
     MAX_BODY,
     MAX_CHUNK_INDEX,
     MAX_DOMAIN,
+    MAX_ECHO,
     MAX_ID,
     MAX_PHASE,
     MAX_REASON,
@@ -209,6 +210,13 @@ def _single_line(value: Any, field: str, limit: int, *, required: bool) -> str |
     return value or None
 
 
+def _shown(value: Any) -> str:
+    """A refused value as an error repeats it: a string's first ``MAX_ECHO`` characters, else its type."""
+    if not isinstance(value, str):
+        return f"a non-string ({type(value).__name__})"
+    return repr(value if len(value) <= MAX_ECHO else value[: MAX_ECHO - 1] + "…")
+
+
 def _tags(value: Any) -> list[str]:
     if value is None:
         return []
@@ -225,7 +233,7 @@ def _tags(value: Any) -> list[str]:
         if not tag or len(tag) > MAX_TAG or "," in tag or _CONTROL.search(tag):
             raise _Fail(
                 codes.RECORD_INVALID_TAGS,
-                f"tag {tag!r} must be 1-{MAX_TAG} characters without commas or control characters",
+                f"tag {_shown(tag)} must be 1-{MAX_TAG} characters without commas or control characters",
                 "tags",
             )
         if tag not in out:
@@ -427,7 +435,7 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> Record:
     allowed = tuple(types) if types is not None else None
     if not isinstance(rtype, str) or (allowed is not None and rtype not in allowed) or not rtype.isidentifier():
         expected = f"one of {list(allowed)}" if allowed is not None else "a word"
-        raise _Fail(codes.RECORD_INVALID_TYPE, f"type must be {expected}, got {rtype!r}", "type")
+        raise _Fail(codes.RECORD_INVALID_TYPE, f"type must be {expected}, got {_shown(rtype)}", "type")
     title, body = _title_and_body(raw.get("title"), raw.get("body"), write=types is not None)
     phase = _single_line(raw.get("phase"), "phase", MAX_PHASE, required=False)
     prov = _provenance(raw.get("provenance"))
@@ -482,6 +490,7 @@ def validate_batch(raws: list[Any], types: Iterable[str]) -> list[Record]:
             continue
         assert err is not None
         rid = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
+        rid = rid if rid is None or len(rid) <= MAX_ECHO else rid[: MAX_ECHO - 1] + "…"  # (a refused id may be long)
         errors.append({"index": i, "id": rid, **err})
     if errors:
         first = errors[0]

@@ -390,6 +390,18 @@ class TestStoreContract:
         scan = store.refresh(None)
         assert scan.ids() == {"s2"} and "s1" in scan.redacted
 
+    def test_a_record_compacted_out_of_the_log_is_still_found_in_its_backups_and_redacted_there(self, h: Harness):
+        store = h.store
+        append(store, [R("s1", body="the key is sk-live-0123456789"), R("s2")])
+        kept = [r for r in live_records(store.refresh(None)) if r["id"] == "s2"]
+        with store.lock("memory-compact"):
+            store.rewrite(kept)  # s1 is no longer in the log, only in the backup
+        assert store.held_in_copies({"s1", "s2", "nope"}) == {"s1", "s2"}
+        with store.lock("memory-redact"):
+            store.redact({"s1"}, "leaked")
+        assert "s1" not in store.refresh(None).ids()
+        assert not any(b"sk-live" in line for line in h.backup_lines()) and store.held_in_copies({"s1"}) == set()
+
     # -- the lock ----------------------------------------------------------------------------------------
     def test_the_write_lock_excludes_a_second_holder(self, h: Harness):
         other = h.second()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -557,6 +558,89 @@ def test_redact_on_an_unknown_id_writes_nothing(project):
     r = run_cli(["memory-redact", "--root", str(project), "nope"])
     assert r.code == 5 and r.error["code"] == "record-not-found"
     assert (memory_dir(project) / "records.jsonl").read_bytes() == before
+
+
+def test_a_secret_forgotten_then_compacted_away_can_still_be_redacted_from_the_backup(project):
+    secret = "sk-ant-api03-ZZSECRETZZ9876543210"
+    assert index_records(project, [rec("kept", id="k"), rec("leaked key", f"the key is {secret}", id="s")]).code == 0
+    assert run_cli(["memory-forget", "--root", str(project), "s", "--reason", "oops"]).code == 0
+    assert run_cli(["memory-compact", "--root", str(project)]).code == 0
+    folder = memory_dir(project)
+    assert any(secret in p.read_text() for p in folder.glob("records.jsonl.bak-*"))
+    r = run_cli(["memory-redact", "--root", str(project), "s", "--reason", "leaked key"])
+    assert r.code == 0 and r.json["redacted"] == ["s"] and r.json["rewritten"]
+    assert not [p for p in folder.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert run_cli(["memory-redact", "--root", str(project), "nope"]).error["code"] == "record-not-found"
+
+
+def test_a_refused_url_is_never_repeated_with_its_user_password_or_query(project, monkeypatch):
+    write_config(project, provider="openai", model="text-embedding-3-small")  # (a gateway: its URL is read)
+    for url in ("https://bob:hunter2-SECRET@gw.example.com/v1", "https://gw.example.com/v1?api_key=sk-live-SECRET",
+                "sk-live-SECRET-not-a-url"):
+        monkeypatch.setenv("NUBOS_MEMORY_EMBED_BASE_URL", url)
+        r = run_sub(["memory-stats", "--root", str(project)], env={"NUBOS_MEMORY_NO_SERVER": "1"}, timeout=60)
+        assert r.code == 3 and r.error["code"] == "config-invalid-value", r.err
+        assert "SECRET" not in r.err and "hunter2" not in r.err
+    monkeypatch.delenv("NUBOS_MEMORY_EMBED_BASE_URL")
+    write_config(project, provider="openai", model="text-embedding-3-small",
+                 base_url="http://user:sk-ant-SECRET@127.0.0.1:1/")  # the project's own config
+    r = run_sub(["memory-stats", "--root", str(project)], env={"NUBOS_MEMORY_NO_SERVER": "1"}, timeout=60)
+    assert r.code == 3 and r.error["code"] == "config-invalid-value" and "SECRET" not in r.err, r.err
+
+
+def test_a_refused_value_is_repeated_at_most_max_echo_characters(project):
+    from nubos_memory.limits import MAX_ECHO
+
+    for flag in ("--type", "--tags", "--id"):
+        r = run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "t", flag, "x" * 100_000])
+        assert r.code == 5 and len(r.err) < 4 * MAX_ECHO + 1000, (flag, len(r.err))
+
+
+def test_memory_export_never_replaces_a_link_a_pipe_or_a_device(project, tmp_path):
+    assert index_records(project, [rec("kept", id="k")]).code == 0
+    pipe, link, folder = tmp_path / "pipe", tmp_path / "link", tmp_path / "folder"
+    os.mkfifo(pipe)
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("theirs")
+    link.symlink_to(target)
+    folder.mkdir()
+    for path in (pipe, link, folder):
+        r = run_sub(["memory-export", "--root", str(project), str(path)], env={"NUBOS_MEMORY_NO_SERVER": "1"},
+                    timeout=30)
+        assert r.code == 5 and r.error["code"] == "export-unwritable", (path, r.err)
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and link.is_symlink() and target.read_text() == "theirs"
+    assert run_cli(["memory-export", "--root", str(project), str(tmp_path / "out.jsonl")]).code == 0
+
+
+def test_a_pipe_named_like_markdown_is_passed_over_by_ingest_not_waited_on(project):
+    docs = project / "docs"
+    docs.mkdir()
+    (docs / "note.md").write_text("# Note\n\nthe deploy runs on Fridays\n")
+    os.mkfifo(docs / "pipe.md")
+    r = run_sub(["memory-ingest", "--root", str(project), "docs"], env={"NUBOS_MEMORY_NO_SERVER": "1"}, timeout=60)
+    assert r.code == 0, r.err
+    assert r.json["files"] == 1 and {"path": "docs/pipe.md", "reason": "not a regular file"} in r.json["skipped"]
+
+
+def test_an_answer_stdout_cannot_take_is_an_io_error_on_stderr_and_the_write_stays(project):
+    env = {**os.environ, "NUBOS_MEMORY_NO_SERVER": "1", "PYTHONPATH": str(REPO)}
+    add = [sys.executable, "-m", "nubos_memory", "memory-add", "--root", str(project), "--type", "learning", "--title"]
+    with open("/dev/full", "wb") as full:  # a full disk
+        out = subprocess.run([*add, "written to a full stdout"], stdout=full, stderr=subprocess.PIPE, timeout=60, env=env)
+    closed = subprocess.run([*add, "written with stdout closed"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            timeout=60, env=env, preexec_fn=lambda: os.close(1))
+    for run in (out, closed):
+        assert run.returncode == 74 and b"Traceback" not in run.stderr, run.stderr
+        assert json.loads(run.stderr)["error"]["code"] == "io-error"
+    titles = {h["record"]["title"] for h in run_cli(["memory-query", "--root", str(project), "written stdout",
+                                                     "--k", "10"]).json["hits"]}
+    assert {"written to a full stdout", "written with stdout closed"} <= titles  # what the verb did stays done
+
+
+def test_a_query_of_many_nots_is_answered_not_an_internal_error(project):
+    assert index_records(project, [rec("kept", "alpha beta", id="k")]).code == 0
+    r = run_cli(["memory-query", "--root", str(project), "NOT " * 2000 + "alpha"])
+    assert r.code == 0, r.err
 
 
 # -- 10. nothing hangs ------------------------------------------------------------------------------

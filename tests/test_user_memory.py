@@ -337,3 +337,33 @@ def test_a_user_folder_refused_during_a_read_of_both_memories_leaves_the_project
     assert codes.USER_MEMORY_UNAVAILABLE in [w["code"] for w in out["warnings"]]
     monkeypatch.setattr(Memory, "for_scope", opening)  # (undo() would drop the data folder's setting too)
     assert {h["memory"] for h in mem.query("invoice totals")["hits"]} == {"project", "user"}  # safe again: both
+
+
+def test_a_user_folder_refused_after_the_context_read_its_hot_records_gives_the_projects_block_alone(
+        both: Path, user_data_home: Path, monkeypatch: pytest.MonkeyPatch):
+    """memory-context reads the hot records, then queries: a user folder refused in between never gives a block
+    that mixes the user memory's hot records with a project-only query; the block is made again from the
+    project alone, warned of, and nothing is recorded in the user memory."""
+    from nubos_memory import userdirs
+    from nubos_memory.api import turn
+
+    add(both, "the invoice total is in cents", "")
+    add(both, "invoice totals are rounded per line", "", "--scope", "user", "--hot")
+    usage = user_dir(user_data_home) / ".nubos-pilot" / "memory" / "usage.jsonl"
+    before = usage.read_bytes() if usage.exists() else b""
+    mem = Memory.open(both)
+    folder = user_data_home / userdirs.APP
+    querying = turn._relevant
+
+    def refused_before_the_query(*args: object) -> object:
+        os.chmod(folder, 0o777)
+        return querying(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(turn, "_relevant", refused_before_the_query)
+    try:
+        out = mem.context("invoice totals")
+    finally:
+        os.chmod(folder, 0o700)
+    assert {h["memory"] for s in out["sections"].values() for h in s["hits"]} == {"project"}
+    assert codes.USER_MEMORY_UNAVAILABLE in [w["code"] for w in out["warnings"]]
+    assert (usage.read_bytes() if usage.exists() else b"") == before

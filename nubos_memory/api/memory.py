@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -307,7 +308,8 @@ class Memory:
         Unlike ``forget`` (a tombstone; the text stays in the log), every line of these ids is replaced,
         in place, by a ``redact`` line holding no content (its reason and time, and a hash that knows
         the line again, so a git merge that brings it back is caught and the next write removes it
-        again); so are the lines in the store's backups and set-aside torn bytes.  Then every derived
+        again); so are the lines in the store's backups and set-aside torn bytes (an id found only there,
+        forgotten and then compacted out of the log, is redacted there).  Then every derived
         file is rebuilt (the lexical vocabulary held the words), and the answer says how to purge
         the text from git history, which no tool here can reach.
         """
@@ -320,6 +322,8 @@ class Memory:
         with self.store.lock("memory-redact"):
             scan, _ = settled_scan(self.snap, self.store)
             unknown = sorted(rid for rid in wanted if rid not in scan.position and rid not in scan.redacted)
+            copies = self.store.held_in_copies(set(unknown)) if unknown else set()  # forgotten, compacted away
+            unknown = [rid for rid in unknown if rid not in copies]
             if unknown:
                 raise InputError(f"no record has the id {unknown[0]!r}; nothing was redacted", code=codes.RECORD_NOT_FOUND,
                                  details={"ids": unknown[:50], "written": 0})
@@ -327,9 +331,10 @@ class Memory:
             done = self.store.redact(wanted, reason, keys)
             self.snap.reset_lexical()
         rebuilt = self.rebuild()
-        return {"redacted": done["ids"], "lines": done["lines"],
-                "already_redacted": sorted(wanted - set(done["ids"])), "rewritten": done["files"],
-                "rebuilt": rebuilt["count"], "git": purge_advice(self.project.root, self.store, done["ids"]),
+        redacted = sorted(set(done["ids"]) | copies)
+        return {"redacted": redacted, "lines": done["lines"],
+                "already_redacted": sorted(wanted - set(redacted)), "rewritten": done["files"],
+                "rebuilt": rebuilt["count"], "git": purge_advice(self.project.root, self.store, redacted),
                 "warnings": rebuilt["warnings"]}
 
     @_answer
@@ -512,6 +517,12 @@ class Memory:
             raise UsageError("the task text is required (--text or positional)")
         for name, value in (("max_tokens", max_tokens), ("k", k), ("recent", recent), ("scope", scope)):
             check(CONTEXT_PARAMS[name], value)
+        try:
+            return build_context(self, text, max_tokens=max_tokens, k=k, recent=recent, track=track, domain=domain,
+                                 scope=scope)
+        except StoreError as exc:  # the user memory's folder was refused during the call: once more, the project's
+            if not usermemory.turned_unsafe(self, scope, exc):
+                raise
         return build_context(self, text, max_tokens=max_tokens, k=k, recent=recent, track=track, domain=domain,
                              scope=scope)
 
@@ -761,6 +772,14 @@ class Memory:
         if self.store.owns(target):
             raise InputError("memory-export would overwrite the memory's own log", code=codes.EXPORT_TARGET_IS_LOG,
                              details={"path": str(path)[:MAX_ECHO]})
+        try:  # a new file is written beside it and renamed over it: never over a link, a pipe or a device
+            kind = os.lstat(target).st_mode
+        except OSError:
+            kind = None
+        if kind is not None and not stat.S_ISREG(kind):
+            raise InputError(f"cannot write {str(path)[:MAX_ECHO]!r}: it is not a regular file (a link, pipe, device "
+                             "or folder); memory-export writes a new file or replaces a regular one",
+                             code=codes.EXPORT_UNWRITABLE, details={"path": str(path)[:MAX_ECHO]})
         lines = list(self.store.export_lines())
         try:
             atomic_write_bytes(target, b"".join(lines))

@@ -174,6 +174,7 @@ def build_context(mem: "Memory", text: str, *, max_tokens: int, k: int, recent: 
     hot = _section(hot_all, int(max_tokens * HOT_SHARE), "hot-share", left_out, "hot")
     taken = {h["id"] for h in hot["hits"]}
     result = _relevant(mem, text, k, taken, domain, scope)
+    usermemory.still_read(owners, result)  # (the same memories as the hot records': else nothing is recorded)
     relevant_all = [h for h in result["hits"] if h["id"] not in taken][:k]
     handoffs = owner.handoffs.hits(scan, now, taken, recent)
     reserve = min(int(max_tokens * RECENT_SHARE), _cost(handoffs))

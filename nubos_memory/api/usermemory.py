@@ -144,6 +144,17 @@ def opened(mem: "Memory", scope: str | None) -> "dict[str, Memory]":
         return {PROJECT: mem}
 
 
+def still_read(owners: "dict[str, Memory]", result: "QueryResult") -> None:
+    """Refuse a multi-step answer whose query read other memories than its first step opened (the user
+    memory's folder was refused, or accepted again, in between): ``user-memory-unavailable``, before
+    anything is recorded (``Memory.context`` tries once more when ``turned_unsafe`` says it may)."""
+    read = (result.get("scope") or {}).get("memories") or [PROJECT]
+    if set(read) != set(owners):
+        raise StoreError("the user-level memory's folder changed during this call (memory-stats.user_folders says "
+                         "how it stands now)", code=codes.USER_MEMORY_UNAVAILABLE,
+                         details={"opened": list(owners), "queried": list(read)})
+
+
 def note_project_only(mem: "Memory", result: "QueryResult", scope: str | None) -> None:
     """A project-only answer of a memory that may read the user memory says which memories it read, and
     when the user memory was left out because its folder is refused (``refused_notes``)."""

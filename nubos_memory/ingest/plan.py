@@ -30,6 +30,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,17 @@ def _inside(path: Path, root: Path) -> bool:
     return True
 
 
+OUTSIDE = "resolves outside the project (symlink)"
+
+
+def _passed_over(path: Path, root: Path) -> str | None:
+    """Why a file found under the paths given is not read: it leads outside the project (``OUTSIDE``), or
+    it is no regular file (a pipe or a device named like markdown: reading it could wait forever)."""
+    if not _inside(path.resolve(), root):
+        return OUTSIDE
+    return None if path.is_file() else "not a regular file"
+
+
 def select_files(paths: list[str], root: Path, include: list[str], exclude: list[str]
                  ) -> tuple[list[Path], list[dict[str, str]], list[str], list[str]]:
     """``(files, skipped, prefixes, missing)``: the markdown files to ingest, those passed over and
@@ -82,11 +94,11 @@ def select_files(paths: list[str], root: Path, include: list[str], exclude: list
         return ok and not any(fnmatch.fnmatch(rel, g) or fnmatch.fnmatch(name, g) for g in exclude)
 
     def consider(path: Path) -> None:
-        real = path.resolve()
         rel = _rel(path, root) if _inside(path, root) else str(path)
-        if not _inside(real, root):
-            skipped.append({"path": rel, "reason": "resolves outside the project (symlink)"})
-        elif wanted(rel):
+        why = _passed_over(path, root)
+        if why is not None and (why == OUTSIDE or wanted(rel)):
+            skipped.append({"path": rel, "reason": why})
+        elif why is None and wanted(rel):
             files[rel] = path
 
     for arg in paths:
@@ -131,11 +143,16 @@ def file_records(path: Path, rel: str, record_type: str | None, domain: str | No
     """The records a markdown file should be represented by (each with its ``legacy_id``, which
     the caller removes before storing)."""
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise InputError(f"{rel} is larger than {MAX_FILE_BYTES >> 20} MiB", code=codes.INGEST_FILE_TOO_LARGE,
-                             details={"path": rel, "bytes": size})
-        text = path.read_bytes().decode("utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (never waits on a pipe put there since it was found)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise InputError(f"{rel} is not a regular file", code=codes.INGEST_FILE_UNREADABLE,
+                                 details={"path": rel})
+            if st.st_size > MAX_FILE_BYTES:
+                raise InputError(f"{rel} is larger than {MAX_FILE_BYTES >> 20} MiB",
+                                 code=codes.INGEST_FILE_TOO_LARGE, details={"path": rel, "bytes": st.st_size})
+            text = f.read().decode("utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{rel} is not UTF-8 text", code=codes.INGEST_FILE_UNREADABLE, details={"path": rel}) from None
     except OSError as exc:

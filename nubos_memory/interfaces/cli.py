@@ -23,6 +23,7 @@ from ..errors import DisabledError, UsageError, failure
 from ..fsio import dumps, printable
 from ..limits import PROGRESS_MODES
 from ..params import HTTP, SERVE
+from .entry import emit
 from .verbs import VERBS, Context, Request, Verb, answered, prepare, run
 
 if TYPE_CHECKING:
@@ -235,11 +236,9 @@ def render(doc: Any) -> str | None:
     return doc if isinstance(doc, str) else dumps(doc).decode("utf-8") + "\n"
 
 
-def _emit(stream: Any, doc: Any) -> None:
-    text = render(doc)
-    if text is not None:
-        stream.write(text)
-        stream.flush()
+def _emit(to_stdout: bool, doc: Any) -> int | None:
+    """Print an answer (``entry.emit``: the exit code of ``io-error`` when it cannot be written)."""
+    return emit(to_stdout, render(doc))
 
 
 def prepared(name: str, request: Request, cwd: str | None = None) -> tuple[int, str, Any] | None:
@@ -309,11 +308,9 @@ def main(argv: Sequence[str] | None = None, untrusted: dict[str, str] | None = N
     try:
         name, request = parse(argv)
     except UsageError as exc:
-        _emit(sys.stderr, {"error": exc.to_dict()})
-        return exc.exit_code
+        return _emit(False, {"error": exc.to_dict()}) or exc.exit_code
     code, stream, doc = execute(name, request, untrusted)
-    _emit(sys.stdout if stream == "stdout" else sys.stderr, doc)
-    return code
+    return _emit(stream == "stdout", doc) or code
 
 
 if __name__ == "__main__":  # pragma: no cover

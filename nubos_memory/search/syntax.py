@@ -173,16 +173,19 @@ class _Reader:
         return self.at >= len(self.tokens)
 
     def unary(self) -> Node:
+        negations = 0  # (counted, not recursed into: NOT NOT x is x, however many there are)
+        while self.peek() == ("op", "NOT"):
+            self.at += 1
+            negations += 1
         tok = self.peek()
         if tok is None:
             raise _Malformed("an operator at the end has nothing to apply to")
         self.at += 1
-        if tok == ("op", "NOT"):
-            return Node("NOT", (self.unary(),))
         if tok[0] == "op":
             raise _Malformed(f"{tok[1]} has nothing on its left")
         assert isinstance(tok[1], Atom)
-        return Node("ATOM", atom=tok[1])
+        atom = Node("ATOM", atom=tok[1])
+        return Node("NOT", (atom,)) if negations % 2 else atom
 
     def chain(self, op: str, part: Callable[[], Node]) -> Node:
         nodes = [part()]

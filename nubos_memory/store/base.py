@@ -118,6 +118,11 @@ class Store(Protocol):
         ``keys`` name.  Say how many lines, which ids and which files or tables."""
         ...
 
+    def held_in_copies(self, ids: set[str]) -> set[str]:
+        """Which of ``ids`` have a record line in a copy the store keeps of the log (backups, set-aside bytes)
+        though maybe no longer in the log itself (forgotten, then compacted away): ``redact`` reaches them."""
+        ...
+
     def export_lines(self) -> Iterator[bytes]:
         """Every line of the log, in order, as ``records.jsonl`` holds them (``memory-export``)."""
         ...

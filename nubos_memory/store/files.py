@@ -208,6 +208,19 @@ class FileStore(LocalDerivedState):
         self.log.drop_checkpoint()  # and after: nothing may have kept the text meanwhile
         return {"lines": len(found), "ids": sorted(set(found)), "files": files}
 
+    def held_in_copies(self, ids: set[str]) -> set[str]:
+        held: set[str] = set()
+        for path in sorted(self.folder.glob(f"{RECORDS}.bak-*")):
+            try:
+                held.update(redact_lines(read_regular(path).splitlines(keepends=True), ids, "")[1])
+            except OSError:  # (gone meanwhile, or not a plain file: redact passes it over too)
+                continue
+        try:  # set-aside fragments: as redact drops them, by the id's bytes
+            data = read_regular(self.folder / (RECORDS + ".torn"))
+        except OSError:
+            data = b""
+        return held | {rid for rid in ids if rid.encode() in data}
+
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
         """Under the lock: the current log is kept as ``records.jsonl.bak-<time>`` (a hard link, so not a
         byte is lost), and a new file with ``records`` replaces it atomically."""

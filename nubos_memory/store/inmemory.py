@@ -255,6 +255,10 @@ class InMemoryStore:
             self._lexical = None
         return {"lines": len(found), "ids": sorted(set(found)), "files": places}
 
+    def held_in_copies(self, ids: set[str]) -> set[str]:
+        with self._mutex:
+            return {rid for old in self._backups for rid in redact_lines(old.splitlines(keepends=True), ids, "")[1]}
+
     def export_lines(self) -> Iterator[bytes]:
         """Every line of the log, in order, as ``records.jsonl`` would hold them."""
         with self._mutex:

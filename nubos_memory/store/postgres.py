@@ -497,6 +497,12 @@ class PgStore(LocalDerivedState):
         self.lexcache.invalidate()
         return {"lines": len(found), "ids": sorted(set(found)), "files": tables}
 
+    def held_in_copies(self, ids: set[str]) -> set[str]:
+        with self.db() as conn:
+            rows = conn.execute("SELECT line FROM nubos_memory_log_backup WHERE namespace = %s AND line LIKE ANY(%s)",
+                                (self.namespace, [f"%{rid}%" for rid in ids])).fetchall()
+        return set(redact_lines([line.encode() + b"\n" for (line,) in rows], ids, "")[1])
+
     def export_lines(self) -> Iterator[bytes]:
         """Every line of the log, in order (``memory-export``)."""
         with self.db() as conn, conn.transaction():
