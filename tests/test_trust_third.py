@@ -571,6 +571,12 @@ def test_a_secret_forgotten_then_compacted_away_can_still_be_redacted_from_the_b
     assert r.code == 0 and r.json["redacted"] == ["s"] and r.json["rewritten"]
     assert not [p for p in folder.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert run_cli(["memory-redact", "--root", str(project), "nope"]).error["code"] == "record-not-found"
+    torn = folder / "records.jsonl.torn"  # set-aside bytes name an id only as a record's id, never by a word
+    torn.write_bytes(b'{"id":"t9","type":"learning","title":"a half written key note')
+    store = Memory.open(project).store
+    assert store.held_in_copies({"t9", "key", "note", "learning"}) == {"t9"}
+    assert run_cli(["memory-redact", "--root", str(project), "key"]).error["code"] == "record-not-found"
+    assert torn.read_bytes().startswith(b'{"id":"t9"')  # nothing written for a word
 
 
 def test_a_refused_url_is_never_repeated_with_its_user_password_or_query(project, monkeypatch):
@@ -638,9 +644,15 @@ def test_an_answer_stdout_cannot_take_is_an_io_error_on_stderr_and_the_write_sta
 
 
 def test_a_query_of_many_nots_is_answered_not_an_internal_error(project):
+    from nubos_memory.search.syntax import parse
+
     assert index_records(project, [rec("kept", "alpha beta", id="k")]).code == 0
     r = run_cli(["memory-query", "--root", str(project), "NOT " * 2000 + "alpha"])
     assert r.code == 0, r.err
+    for count in (1, 2, 3, 2000, 2001):  # an odd number means NOT, an even one NOT NOT: still a condition
+        parsed = parse("NOT " * count + "alpha")
+        assert parsed is not None and parsed.conditions == parse("NOT " * (2 - count % 2) + "alpha").conditions
+        assert not parsed.optional and parsed.conditions[0].op == "NOT"
 
 
 # -- 10. nothing hangs ------------------------------------------------------------------------------

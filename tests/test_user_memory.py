@@ -200,6 +200,9 @@ def test_the_user_memorys_own_folder_opened_as_a_project_is_read_once(both: Path
     assert res.code == 0, res.err
     out = res.json
     assert [h["title"] if "title" in h else h["record"]["title"] for h in out["hits"]] == ["a user note about tabs"]
+    for scope in ([], ["--scope", "user"], ["--scope", "project"], ["--scope", "all"]):  # one memory, however named
+        block = run_cli(["memory-context", "--root", str(user_dir(user_data_home)), "user note tabs", *scope])
+        assert block.code == 0 and block.json["sections"]["relevant"]["hits"], (scope, block.err)
 
 
 def test_library_and_scratch_memories(both: Path, monkeypatch: pytest.MonkeyPatch):

@@ -148,11 +148,13 @@ def still_read(owners: "dict[str, Memory]", result: "QueryResult") -> None:
     """Refuse a multi-step answer whose query read other memories than its first step opened (the user
     memory's folder was refused, or accepted again, in between): ``user-memory-unavailable``, before
     anything is recorded (``Memory.context`` tries once more when ``turned_unsafe`` says it may)."""
-    read = (result.get("scope") or {}).get("memories") or [PROJECT]
-    if set(read) != set(owners):
+    read = set((result.get("scope") or {}).get("memories") or [PROJECT])
+    # (one memory on each side is the same one: a project that is the user memory's own folder is read as
+    # ``project`` and queried as ``user``)
+    if read != set(owners) and len(read) + len(owners) > 2:
         raise StoreError("the user-level memory's folder changed during this call (memory-stats.user_folders says "
                          "how it stands now)", code=codes.USER_MEMORY_UNAVAILABLE,
-                         details={"opened": list(owners), "queried": list(read)})
+                         details={"opened": list(owners), "queried": sorted(read)})
 
 
 def note_project_only(mem: "Memory", result: "QueryResult", scope: str | None) -> None:

@@ -73,7 +73,7 @@ def _passed_over(path: Path, root: Path) -> str | None:
     it is no regular file (a pipe or a device named like markdown: reading it could wait forever)."""
     if not _inside(path.resolve(), root):
         return OUTSIDE
-    return None if path.is_file() else "not a regular file"
+    return "not a regular file" if path.exists() and not path.is_file() else None  # (a broken link: read, and failed)
 
 
 def select_files(paths: list[str], root: Path, include: list[str], exclude: list[str]

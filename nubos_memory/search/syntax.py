@@ -173,7 +173,7 @@ class _Reader:
         return self.at >= len(self.tokens)
 
     def unary(self) -> Node:
-        negations = 0  # (counted, not recursed into: NOT NOT x is x, however many there are)
+        negations = 0  # (counted, not recursed into: an odd number is one NOT, an even one two)
         while self.peek() == ("op", "NOT"):
             self.at += 1
             negations += 1
@@ -184,8 +184,10 @@ class _Reader:
         if tok[0] == "op":
             raise _Malformed(f"{tok[1]} has nothing on its left")
         assert isinstance(tok[1], Atom)
-        atom = Node("ATOM", atom=tok[1])
-        return Node("NOT", (atom,)) if negations % 2 else atom
+        node = Node("ATOM", atom=tok[1])
+        for _ in range(min(negations, 2 - negations % 2)):  # (NOT NOT x stays a condition: x must be there)
+            node = Node("NOT", (node,))
+        return node
 
     def chain(self, op: str, part: Callable[[], Node]) -> Node:
         nodes = [part()]

@@ -215,11 +215,11 @@ class FileStore(LocalDerivedState):
                 held.update(redact_lines(read_regular(path).splitlines(keepends=True), ids, "")[1])
             except OSError:  # (gone meanwhile, or not a plain file: redact passes it over too)
                 continue
-        try:  # set-aside fragments: as redact drops them, by the id's bytes
+        try:  # set-aside fragments (line beginnings): those that name the id as a record's
             data = read_regular(self.folder / (RECORDS + ".torn"))
         except OSError:
             data = b""
-        return held | {rid for rid in ids if rid.encode() in data}
+        return held | {rid for rid in ids if b'"id":' + dumps(rid) in data}
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
         """Under the lock: the current log is kept as ``records.jsonl.bak-<time>`` (a hard link, so not a
