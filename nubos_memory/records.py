@@ -210,11 +210,14 @@ def _single_line(value: Any, field: str, limit: int, *, required: bool) -> str |
     return value or None
 
 
+def echo(text: str) -> str:
+    """A caller's string as an answer or an error repeats it: at most ``MAX_ECHO`` characters."""
+    return text if len(text) <= MAX_ECHO else text[: MAX_ECHO - 1] + "…"
+
+
 def _shown(value: Any) -> str:
-    """A refused value as an error repeats it: a string's first ``MAX_ECHO`` characters, else its type."""
-    if not isinstance(value, str):
-        return f"a non-string ({type(value).__name__})"
-    return repr(value if len(value) <= MAX_ECHO else value[: MAX_ECHO - 1] + "…")
+    """A refused value as an error repeats it: a string's ``echo``, else its type."""
+    return repr(echo(value)) if isinstance(value, str) else f"a non-string ({type(value).__name__})"
 
 
 def _tags(value: Any) -> list[str]:
@@ -490,8 +493,7 @@ def validate_batch(raws: list[Any], types: Iterable[str]) -> list[Record]:
             continue
         assert err is not None
         rid = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
-        rid = rid if rid is None or len(rid) <= MAX_ECHO else rid[: MAX_ECHO - 1] + "…"  # (a refused id may be long)
-        errors.append({"index": i, "id": rid, **err})
+        errors.append({"index": i, "id": None if rid is None else echo(rid), **err})  # (a refused id may be long)
     if errors:
         first = errors[0]
         where = f"record {first['index']}" + (f" (id {first['id']!r})" if first["id"] else "")

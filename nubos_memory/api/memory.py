@@ -517,14 +517,14 @@ class Memory:
             raise UsageError("the task text is required (--text or positional)")
         for name, value in (("max_tokens", max_tokens), ("k", k), ("recent", recent), ("scope", scope)):
             check(CONTEXT_PARAMS[name], value)
+        block = functools.partial(build_context, self, text, max_tokens=max_tokens, k=k, recent=recent, track=track,
+                                  domain=domain, scope=scope)
         try:
-            return build_context(self, text, max_tokens=max_tokens, k=k, recent=recent, track=track, domain=domain,
-                                 scope=scope)
+            return block()
         except StoreError as exc:  # the user memory's folder was refused during the call: once more, the project's
             if not usermemory.turned_unsafe(self, scope, exc):
                 raise
-        return build_context(self, text, max_tokens=max_tokens, k=k, recent=recent, track=track, domain=domain,
-                             scope=scope)
+        return block()
 
     def branch_positions(self, branch: str | None) -> "np.ndarray | None":
         """``branch="current"``: the positions of the records merged into HEAD or written outside git (None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..limits import MAX_ECHO, MAX_TAGS
-from ..records import recency
+from ..records import echo, recency
 from .dedup import collapse as collapse_near
 from .dedup import contradictions
 
@@ -23,11 +23,6 @@ if TYPE_CHECKING:
     from .fusion import Candidate
     from .plan import Request
     from .snapshot import VectorState
-
-
-def echo(text: str) -> str:
-    """A caller's string as an answer repeats it: at most ``MAX_ECHO`` characters."""
-    return text if len(text) <= MAX_ECHO else text[: MAX_ECHO - 1] + "…"
 
 
 def empty_answer(cfg: MemoryConfig, scan: LogScan, req: Request) -> QueryResult:

@@ -33,10 +33,10 @@ import numpy as np
 from .. import codes
 from ..errors import EmbeddingError, StoreError
 from ..limits import MAX_TAGS
-from ..records import iso_to_epoch, lexical_text, phase_matches
+from ..records import echo, iso_to_epoch, lexical_text, phase_matches
 from ..tokenize import tokenize
 from . import sideweight
-from .answer import echo, empty_answer, groups_of, hit_of
+from .answer import empty_answer, groups_of, hit_of
 from .fusion import Candidate, importance_factor, ranker, uses_context
 from .lexical_side import LexicalSide, lexical_side
 from .neighbours import CONTEXT_VECTOR, live_neighbours, with_context

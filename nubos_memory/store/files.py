@@ -187,7 +187,7 @@ class FileStore(LocalDerivedState):
         found: list[str] = []
         files: list[str] = []
         self.log.drop_checkpoint()
-        for path in [self.log.path, *sorted(self.folder.glob(f"{RECORDS}.bak-*"))]:
+        for path in [self.log.path, *self._backups()]:
             try:
                 data = read_regular(path)
             except FileNotFoundError:
@@ -208,9 +208,13 @@ class FileStore(LocalDerivedState):
         self.log.drop_checkpoint()  # and after: nothing may have kept the text meanwhile
         return {"lines": len(found), "ids": sorted(set(found)), "files": files}
 
+    def _backups(self) -> list[Path]:
+        """The logs ``rewrite`` replaced (``records.jsonl.bak-<time>``), oldest first."""
+        return sorted(self.folder.glob(f"{RECORDS}.bak-*"))
+
     def held_in_copies(self, ids: set[str]) -> set[str]:
         held: set[str] = set()
-        for path in sorted(self.folder.glob(f"{RECORDS}.bak-*")):
+        for path in self._backups():
             try:
                 held.update(redact_lines(read_regular(path).splitlines(keepends=True), ids, "")[1])
             except OSError:  # (gone meanwhile, or not a plain file: redact passes it over too)
