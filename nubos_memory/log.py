@@ -81,7 +81,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from bisect import bisect_left
-from collections.abc import Callable, MutableMapping, MutableSequence, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, MutableSequence, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import compress
 from typing import Any, cast
@@ -225,24 +225,44 @@ def _note_redaction(scan: "LogScan", op: dict[str, Any]) -> None:
     info["hashes"].add(op["line_sha256"])
 
 
+def redact_op(rid: str, line_sha256: str, at: str, reason: str) -> dict[str, Any]:
+    """The ``redact`` line that stands for a line of record ``rid`` (its ``line_hash``)."""
+    return {"op": "redact", "id": rid, "line_sha256": line_sha256, "at": at, "reason": reason}
+
+
+def _record_lines(lines: Sequence[bytes], ids: set[str]) -> Iterator[tuple[int, str]]:
+    """The index and id of each record line of ``ids`` among ``lines`` (a HyPE questions line quotes the
+    text: one too)."""
+    needles = [rid.encode() for rid in ids]
+    for i, raw in enumerate(lines):
+        if any(n in raw for n in needles):
+            kind, obj, _ = classify(raw.rstrip(b"\r\n"))
+            if kind in ("record", "questions") and obj["id"] in ids:
+                yield i, obj["id"]
+
+
 def redact_lines(lines: list[bytes], ids: set[str], reason: str,
                  only: dict[str, set[str]] | None = None) -> tuple[list[bytes], list[str]]:
     """``lines`` (each with its newline) with every record line of ``ids`` replaced by a ``redact``
     line, and the ids whose lines were found.  With ``only`` (id -> line hashes), just the lines an
     earlier redaction named: a later record with the same id and other content is a new record."""
     at = now_iso()
-    needles = [rid.encode() for rid in ids]
-    out, found = [], []
-    for raw in lines:
-        if any(n in raw for n in needles):
-            kind, obj, _ = classify(raw.rstrip(b"\r\n"))
-            if kind in ("record", "questions") and obj["id"] in ids \
-                    and (only is None or line_hash(raw) in only.get(obj["id"], ())):  # questions quote the text
-                raw = dumps({"op": "redact", "id": obj["id"], "line_sha256": line_hash(raw), "at": at,
-                             "reason": reason}) + b"\n"
-                found.append(obj["id"])
-        out.append(raw)
+    out, found = list(lines), []
+    for i, rid in _record_lines(lines, ids):
+        if only is None or line_hash(lines[i]) in only.get(rid, ()):
+            out[i] = dumps(redact_op(rid, line_hash(lines[i]), at, reason)) + b"\n"
+            found.append(rid)
     return out, found
+
+
+def copied_lines(copies: Iterable[Sequence[bytes]], ids: set[str]) -> dict[str, set[str]]:
+    """The ``line_hash`` of each record line of ``ids`` in these copies of the log (each a list of
+    lines), by id: what ``Store.held_in_copies`` answers."""
+    held: dict[str, set[str]] = {}
+    for lines in copies:
+        for i, rid in _record_lines(lines, ids):
+            held.setdefault(rid, set()).add(line_hash(lines[i]))
+    return held
 
 
 def same_content(a: Record, b: Record) -> bool:

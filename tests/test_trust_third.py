@@ -574,9 +574,32 @@ def test_a_secret_forgotten_then_compacted_away_can_still_be_redacted_from_the_b
     torn = folder / "records.jsonl.torn"  # set-aside bytes name an id only as a record's id, never by a word
     torn.write_bytes(b'{"id":"t9","type":"learning","title":"a half written key note')
     store = Memory.open(project).store
-    assert store.held_in_copies({"t9", "key", "note", "learning"}) == {"t9"}
+    assert set(store.held_in_copies({"t9", "key", "note", "learning"})) == {"t9"}
     assert run_cli(["memory-redact", "--root", str(project), "key"]).error["code"] == "record-not-found"
     assert torn.read_bytes().startswith(b'{"id":"t9"')  # nothing written for a word
+
+
+def test_a_secret_redacted_only_from_a_backup_stays_redacted_when_a_merge_or_import_brings_it_back(project, tmp_path):
+    secret = "sk-ant-api03-ZZSECRETZZ1234"
+    assert index_records(project, [rec("kept", id="k"), rec("leaked key", f"the key is {secret}", id="s")]).code == 0
+    log = memory_dir(project) / "records.jsonl"
+    teammates = log.read_bytes()  # what a teammate's clone (or an old export) still holds
+    old_export = tmp_path / "old.jsonl"
+    old_export.write_bytes(teammates)
+    assert run_cli(["memory-forget", "--root", str(project), "s"]).code == 0
+    assert run_cli(["memory-compact", "--root", str(project)]).code == 0
+    assert run_cli(["memory-redact", "--root", str(project), "s", "--reason", "leaked"]).json["redacted"] == ["s"]
+    again = run_cli(["memory-redact", "--root", str(project), "s"])  # asked twice: it is redacted, not unknown
+    assert again.code == 0 and again.json["redacted"] == [] and again.json["already_redacted"] == ["s"]
+    imported = run_cli(["memory-import", "--root", str(project), str(old_export)])
+    assert imported.code == 0, imported.err
+    with log.open("ab") as f:  # a git merge brings the teammate's line back
+        f.write(teammates)
+    r = query(project, "leaked key")
+    assert r.code == 0 and secret not in r.out and "s" not in [h["id"] for h in r.json["hits"]]
+    assert run_cli(["memory-get", "--root", str(project), "s"]).json["records"][0]["retired"]["reason"] == "redacted"
+    assert run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "t"]).code == 0
+    assert secret.encode() not in log.read_bytes()  # the next write removed it again
 
 
 def test_a_refused_url_is_never_repeated_with_its_user_password_or_query(project, monkeypatch):
@@ -600,6 +623,25 @@ def test_a_refused_value_is_repeated_at_most_max_echo_characters(project):
     for flag in ("--type", "--tags", "--id"):
         r = run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "t", flag, "x" * 100_000])
         assert r.code == 5 and len(r.err) < 4 * MAX_ECHO + 1000, (flag, len(r.err))
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["memory-query", "q", "--api-key=sk-live-SECRET"], "--api-key=…"),
+    (["memory-query", "q", "--api-key", "sk-live-SECRET"], "--api-key …"),
+    (["memory-query", "q", "--t=sk-live-SECRET"], "--t=…"),  # ambiguous: --text, --type, --tags
+])
+def test_an_unknown_flag_is_repeated_without_its_value(project, argv, shown):
+    r = run_cli([*argv, "--root", str(project)])
+    assert r.code == 2 and r.error["code"] == "usage" and shown in r.error["message"]
+    assert "SECRET" not in r.err
+
+
+def test_a_value_argparse_refuses_is_repeated_at_most_max_echo_characters(project):
+    from nubos_memory.limits import MAX_ECHO
+
+    for argv in (["--mode", "x" * 100_000], ["--mode=" + "x" * 100_000], ["--k", "9" * 50_000 + "x"]):
+        r = run_cli(["memory-query", "q", "--root", str(project), *argv])
+        assert r.code == 2 and r.error["code"] == "usage" and len(r.error["message"]) < 2 * MAX_ECHO + 200, argv
 
 
 def test_memory_export_never_replaces_a_link_a_pipe_or_a_device(project, tmp_path):
@@ -664,6 +706,14 @@ def test_a_fifo_at_records_jsonl_is_an_error_not_a_hang(project):
     for argv in (["memory-query", "kept"], ["memory-stats"], ["memory-add", "--type", "learning", "--title", "x"]):
         r = run_sub([argv[0], "--root", str(project), *argv[1:]], env={"NUBOS_MEMORY_NO_SERVER": "1"}, timeout=30)
         assert r.code == 7 and r.error["code"] == "records-unreadable", (argv, r.err)
+
+
+def test_memory_import_says_a_pipe_or_a_folder_is_not_a_file_it_can_import(project, tmp_path):
+    fifo = tmp_path / "records.jsonl"
+    os.mkfifo(fifo)
+    for path, said in ((fifo, "not a regular file"), (tmp_path, "not a regular file"), (tmp_path / "no", "no such file")):
+        r = run_cli(["memory-import", "--root", str(project), str(path)])
+        assert r.code == 5 and r.error["code"] == "records-file-unreadable" and said in r.error["message"], r.err
 
 
 # -- 11. benign duplicates stay quiet -----------------------------------------------------------------

@@ -30,7 +30,7 @@ from ..embed import Embedder, make_embedder
 from ..errors import DisabledError, InputError, NubosMemoryError, StoreError, UsageError
 from ..fsio import DIR_MODE, atomic_write_bytes, dumps, read_regular
 from ..limits import MAX_ECHO, MAX_GET, MAX_PHASE, MAX_QUERY_CHARS, MAX_REASON
-from ..log import LogScan, anchor_op, hot_record, read
+from ..log import LogScan, anchor_op, hot_record, read, redact_op
 from ..params import CONTEXT_PARAMS, QUERY_PARAMS, WRITE_SCOPE, check
 from ..progress import Reporter, stage
 from ..records import (
@@ -39,6 +39,7 @@ from ..records import (
     embed_text,
     epoch_to_iso,
     iso_to_epoch,
+    now_iso,
     one_line,
     valid_id,
     validate_batch,
@@ -322,16 +323,20 @@ class Memory:
         with self.store.lock("memory-redact"):
             scan, _ = settled_scan(self.snap, self.store)
             unknown = sorted(rid for rid in wanted if rid not in scan.position and rid not in scan.redacted)
-            copies = self.store.held_in_copies(set(unknown)) if unknown else set()  # forgotten, compacted away
+            copies = self.store.held_in_copies(set(unknown)) if unknown else {}  # forgotten, compacted away
             unknown = [rid for rid in unknown if rid not in copies]
             if unknown:
                 raise InputError(f"no record has the id {unknown[0]!r}; nothing was redacted", code=codes.RECORD_NOT_FOUND,
                                  details={"ids": unknown[:50], "written": 0})
+            if copies:  # the log names what it redacts in the copies: a line a merge or an import brings back is
+                at = now_iso()  # never served, and a second call finds the id redacted (adr/0015)
+                self.store.append([], [redact_op(rid, h, at, reason) for rid in sorted(copies)
+                                        for h in sorted(copies[rid])])
             keys = [content_hash(embed_text(r)) for r in scan.records if r["id"] in wanted]
             done = self.store.redact(wanted, reason, keys)
             self.snap.reset_lexical()
         rebuilt = self.rebuild()
-        redacted = sorted(set(done["ids"]) | copies)
+        redacted = sorted(set(done["ids"]) | set(copies))
         return {"redacted": redacted, "lines": done["lines"],
                 "already_redacted": sorted(wanted - set(redacted)), "rewritten": done["files"],
                 "rebuilt": rebuilt["count"], "git": purge_advice(self.project.root, self.store, redacted),
@@ -801,7 +806,8 @@ class Memory:
         self.require_enabled()
         source = Path(path)
         if not source.is_file():
-            raise InputError(f"no such records file: {str(path)[:MAX_ECHO]!r}", code=codes.RECORDS_FILE_UNREADABLE,
+            what = "not a regular file (a folder, a pipe or a device)" if source.exists() else "no such file"
+            raise InputError(f"cannot import {str(path)[:MAX_ECHO]!r}: {what}", code=codes.RECORDS_FILE_UNREADABLE,
                              details={"path": str(path)[:MAX_ECHO]})
         try:
             theirs = read(read_regular(source))

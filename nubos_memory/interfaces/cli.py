@@ -23,6 +23,7 @@ from ..errors import DisabledError, UsageError, failure
 from ..fsio import dumps, printable
 from ..limits import PROGRESS_MODES
 from ..params import HTTP, SERVE
+from ..records import echo
 from .entry import emit
 from .verbs import VERBS, Context, Request, Verb, answered, prepare, run
 
@@ -36,6 +37,16 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}", details={"usage": self.format_usage().strip()})
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """argparse's, saying of arguments it does not know only the flags: a word after an unknown flag
+        may be its value (a secret given to the wrong flag), shown as "…"; another word as ``_unechoed``."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            shown = ["…" if i and extra[i - 1].startswith("-") and "=" not in extra[i - 1] and not word.startswith("-")
+                     else word for i, word in enumerate(extra)]
+            self.error("unrecognized arguments: " + " ".join(shown))
+        return parsed
 
 
 class _Printing(Exception):
@@ -296,10 +307,33 @@ def parse(argv: Sequence[str], quiet: bool = False) -> tuple[str, Request]:
     """A command line's verb and request (UsageError: not a valid one; ``quiet``: another process's, so
     what argparse would print raises instead)."""
     check_arguments(argv)
-    args = _parser(quiet).parse_args(argv)
+    try:
+        args = _parser(quiet).parse_args(argv)
+    except UsageError as exc:
+        exc.message = _unechoed(exc.message, argv)
+        exc.args = (exc.message,)
+        raise
     if not args.verb:
         raise UsageError("a verb is required", details={"verbs": sorted(COMMANDS)})
     return args.verb, {k: v for k, v in vars(args).items() if k != "verb"}
+
+
+def _unechoed(message: str, argv: Sequence[str]) -> str:
+    """argparse's ``message`` with each argument it repeats shown as an answer repeats a caller's string
+    (``records.echo``: at most ``MAX_ECHO`` characters), and an unknown or ambiguous ``--flag=value`` as its
+    flag alone: the value may be a secret given to the wrong flag, and a refused value is never repeated in full."""
+    shown: dict[str, str] = {}
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        if eq and flag.startswith("-"):
+            shown[arg] = flag + "=…"
+            shown.setdefault(value, echo(value))  # (the value of a known flag, refused: its beginning)
+        else:
+            shown[arg] = echo(arg)
+    for said, as_shown in sorted(shown.items(), key=lambda kv: len(kv[0]), reverse=True):
+        if as_shown != said and said:
+            message = message.replace(repr(said), repr(as_shown)).replace(said, as_shown)
+    return message
 
 
 def main(argv: Sequence[str] | None = None, untrusted: dict[str, str] | None = None) -> int:

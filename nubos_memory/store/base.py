@@ -118,9 +118,10 @@ class Store(Protocol):
         ``keys`` name.  Say how many lines, which ids and which files or tables."""
         ...
 
-    def held_in_copies(self, ids: set[str]) -> set[str]:
-        """Which of ``ids`` have a record line in a copy the store keeps of the log (backups, set-aside bytes)
-        though maybe no longer in the log itself (forgotten, then compacted away): ``redact`` reaches them."""
+    def held_in_copies(self, ids: set[str]) -> dict[str, set[str]]:
+        """Those of ``ids`` that have a record line in a copy the store keeps of the log (backups, set-aside
+        bytes) though maybe no longer in the log itself (forgotten, then compacted away), each with the
+        ``log.line_hash`` of its lines there: ``redact`` reaches them, and the log's ``redact`` lines name them."""
         ...
 
     def export_lines(self) -> Iterator[bytes]:

@@ -26,7 +26,7 @@ from .. import codes
 from ..errors import StoreError
 from ..faults import crash_point
 from ..fsio import atomic_write_bytes, dumps, ensure_dir, read_regular
-from ..log import LogScan, redact_lines
+from ..log import LogScan, copied_lines, line_hash, redact_lines
 from ..trust import file_sha256
 from .cache import DerivedCache, LocalDerivedState
 from .lexcache import LexicalCache
@@ -212,18 +212,23 @@ class FileStore(LocalDerivedState):
         """The logs ``rewrite`` replaced (``records.jsonl.bak-<time>``), oldest first."""
         return sorted(self.folder.glob(f"{RECORDS}.bak-*"))
 
-    def held_in_copies(self, ids: set[str]) -> set[str]:
-        held: set[str] = set()
+    def held_in_copies(self, ids: set[str]) -> dict[str, set[str]]:
+        copies: list[list[bytes]] = []
         for path in self._backups():
             try:
-                held.update(redact_lines(read_regular(path).splitlines(keepends=True), ids, "")[1])
+                copies.append(read_regular(path).splitlines(keepends=True))
             except OSError:  # (gone meanwhile, or not a plain file: redact passes it over too)
                 continue
         try:  # set-aside fragments (line beginnings): those that name the id as a record's
-            data = read_regular(self.folder / (RECORDS + ".torn"))
+            torn = read_regular(self.folder / (RECORDS + ".torn")).splitlines(keepends=True)
         except OSError:
-            data = b""
-        return held | {rid for rid in ids if b'"id":' + dumps(rid) in data}
+            torn = []
+        held = copied_lines(copies, ids)
+        for fragment in torn:
+            for rid in ids:
+                if b'"id":' + dumps(rid) in fragment:
+                    held.setdefault(rid, set()).add(line_hash(fragment))
+        return held
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
         """Under the lock: the current log is kept as ``records.jsonl.bak-<time>`` (a hard link, so not a

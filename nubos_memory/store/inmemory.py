@@ -44,7 +44,7 @@ from ..errors import LockTimeout, StoreError
 from ..fsio import dumps
 from ..index.lexical import PostingsBM25
 from ..index.vectors import HnswParams, Pieces, Questions, VectorIndex, kappa, order_stats
-from ..log import LogScan, feed, frame, redact_lines, restart
+from ..log import LogScan, copied_lines, feed, frame, redact_lines, restart
 from ..records import SCHEMA_VERSION, now_iso
 from ..types import Manifest, Record
 from .cache import CACHE_FORMAT, carried_side_weight, covers_digest, joined_pieces, pieces_field, questions_field
@@ -255,9 +255,9 @@ class InMemoryStore:
             self._lexical = None
         return {"lines": len(found), "ids": sorted(set(found)), "files": places}
 
-    def held_in_copies(self, ids: set[str]) -> set[str]:
+    def held_in_copies(self, ids: set[str]) -> dict[str, set[str]]:
         with self._mutex:
-            return {rid for old in self._backups for rid in redact_lines(old.splitlines(keepends=True), ids, "")[1]}
+            return copied_lines([old.splitlines(keepends=True) for old in self._backups], ids)
 
     def export_lines(self) -> Iterator[bytes]:
         """Every line of the log, in order, as ``records.jsonl`` would hold them."""

@@ -61,7 +61,7 @@ from .. import codes
 from ..config import dsn_env_name
 from ..errors import ConfigError, LockTimeout, StoreError
 from ..fsio import dumps, ensure_dir
-from ..log import LogScan, feed, frame, redact_lines, restart
+from ..log import LogScan, copied_lines, feed, frame, redact_lines, restart
 from ..userdirs import user_cache_dir
 from .cache import DerivedCache, LocalDerivedState
 from .lexcache import LexicalCache
@@ -497,11 +497,11 @@ class PgStore(LocalDerivedState):
         self.lexcache.invalidate()
         return {"lines": len(found), "ids": sorted(set(found)), "files": tables}
 
-    def held_in_copies(self, ids: set[str]) -> set[str]:
+    def held_in_copies(self, ids: set[str]) -> dict[str, set[str]]:
         with self.db() as conn:
             rows = conn.execute("SELECT line FROM nubos_memory_log_backup WHERE namespace = %s AND line LIKE ANY(%s)",
                                 (self.namespace, [f"%{rid}%" for rid in ids])).fetchall()
-        return set(redact_lines([line.encode() + b"\n" for (line,) in rows], ids, "")[1])
+        return copied_lines([[line.encode() + b"\n" for (line,) in rows]], ids)
 
     def export_lines(self) -> Iterator[bytes]:
         """Every line of the log, in order (``memory-export``)."""
