@@ -10,7 +10,9 @@ The log's format, one JSON document per line (adr/0008)::
     {"op": "commit", "gid": G}                                 ... which ends here
     {"op": "rollback", "gid": G}                               ... or was abandoned by a crashed writer
     {"op": "redact", "id": "X", "line_sha256": H, "at", "reason"}  in place of a record line whose text was
-                                                               removed (``memory-redact``)
+                                                               removed (``memory-redact``); with "copy": true,
+                                                               for a line only a backup held (it retires no
+                                                               record by its id, only lines with that hash)
     {"op": "anchor", "id": "X", "anchors": [...], "at": "..."}  where X's cited code is now (``memory-verify``)
     {"op": "pin", "id": "X", "at": "..."}                      X is hot (``memory-pin``) ...
     {"op": "unpin", "id": "X", "at": "..."}                    ... or no longer (``memory-unpin``)
@@ -67,8 +69,9 @@ and those bytes were never acknowledged to anyone.
 replaces each line of a record by a ``redact`` line that holds no content, only the
 sha256 of the line it replaced (:func:`redact_lines`).  A line with that id and that
 hash found anywhere in the log (a git merge or a cherry-pick can bring it back) is
-never read as a record: it is counted in ``redacted_present``, and the next writer
-removes it again (the store's ``settle``).
+never read as a record (nor as a record's HyPE questions): it is counted in ``redacted_present``,
+and the next writer removes it again (the store's ``settle``).  ``memory-compact`` keeps the
+``redact`` lines (they hold no text), so a line brought back after a compaction is still caught.
 
 Reading tolerates damage: a line that is not valid UTF-8, JSON, a valid
 record or a known operation is skipped and reported with its 1-based line
@@ -225,9 +228,23 @@ def _note_redaction(scan: "LogScan", op: dict[str, Any]) -> None:
     info["hashes"].add(op["line_sha256"])
 
 
-def redact_op(rid: str, line_sha256: str, at: str, reason: str) -> dict[str, Any]:
-    """The ``redact`` line that stands for a line of record ``rid`` (its ``line_hash``)."""
-    return {"op": "redact", "id": rid, "line_sha256": line_sha256, "at": at, "reason": reason}
+def redact_op(rid: str, line_sha256: str, at: str, reason: str, *, copy: bool = False) -> dict[str, Any]:
+    """The ``redact`` line that stands for a line of record ``rid`` (its ``line_hash``); ``copy``: a line only
+    a copy of the log held, which retires no record by its id (the same id may be a new record elsewhere)."""
+    op = {"op": "redact", "id": rid, "line_sha256": line_sha256, "at": at, "reason": reason}
+    return {**op, "copy": True} if copy else op
+
+
+def redactions_in(lines: Iterable[bytes]) -> list[dict[str, Any]]:
+    """The ``redact`` lines among ``lines``, as they are: a store's ``rewrite`` keeps them (they hold no
+    text, and a line they name that comes back later is still never read)."""
+    kept = []
+    for raw in lines:
+        if b'"redact"' in raw:
+            kind, obj, _ = classify(raw.rstrip(b"\r\n"))
+            if kind == "redact":
+                kept.append(obj)
+    return kept
 
 
 def _record_lines(lines: Sequence[bytes], ids: set[str]) -> Iterator[tuple[int, str]]:
@@ -531,11 +548,11 @@ class _Reader:
 
 
 def _apply(scan: LogScan, kind: str, obj: Any, reason: str | None, number: int, raw: bytes) -> None:
+    redactions = scan.redacted.get(obj["id"]) if kind in ("record", "questions") else None
+    if redactions is not None and line_hash(raw) in redactions["hashes"]:
+        scan.redacted_present.append(number)  # redacted text came back (a merge): never read
+        return
     if kind == "record":
-        redactions = scan.redacted.get(obj["id"])
-        if redactions is not None and line_hash(raw) in redactions["hashes"]:
-            scan.redacted_present.append(number)  # redacted text came back (a merge): never read
-            return
         _record(scan, obj, number)
         if redactions is not None and scan.position.get(obj["id"]) == len(scan.records) - 1:
             scan.redaction_checked.add(len(scan.records) - 1)  # redacted before, other content: a new record
@@ -544,7 +561,7 @@ def _apply(scan: LogScan, kind: str, obj: Any, reason: str | None, number: int, 
         scan.ops += 1
     elif kind == "redact":
         _note_redaction(scan, obj)
-        target = scan.live(obj["id"])
+        target = scan.live(obj["id"]) if obj.get("copy") is not True else None  # (a copy's: by its hash alone)
         if target is not None and target not in scan.redaction_checked:  # read before its redaction was known
             scan.dead[target] = {"line": number, "reason": "redacted", "at": obj.get("at")}
             scan.deaths.append(target)

@@ -390,6 +390,20 @@ class TestStoreContract:
         scan = store.refresh(None)
         assert scan.ids() == {"s2"} and "s1" in scan.redacted
 
+    def test_a_rewrite_keeps_the_redact_lines_so_a_redacted_line_brought_back_is_never_read(self, h: Harness):
+        store = h.store
+        append(store, [R("s1", body="the key is sk-live-0123456789"), R("s2")])
+        with store.lock("memory-redact"):
+            store.redact({"s1"}, "leaked")
+        with store.lock("memory-compact"):
+            store.rewrite(live_records(store.refresh(None)))
+        assert b"sk-live" not in log_bytes(store) and b'"redact"' in log_bytes(store)
+        scan = store.refresh(None)
+        assert "s1" in scan.redacted and scan.ids() == {"s2"}
+        append(store, [R("s1", body="the key is sk-live-0123456789")])  # the same line again (a merge)
+        scan = store.refresh(None)
+        assert scan.ids() == {"s2"} and scan.redacted_present
+
     def test_a_record_compacted_out_of_the_log_is_still_found_in_its_backups_and_redacted_there(self, h: Harness):
         store = h.store
         append(store, [R("s1", body="the key is sk-live-0123456789"), R("s2")])

@@ -591,6 +591,8 @@ def test_a_secret_redacted_only_from_a_backup_stays_redacted_when_a_merge_or_imp
     assert run_cli(["memory-redact", "--root", str(project), "s", "--reason", "leaked"]).json["redacted"] == ["s"]
     again = run_cli(["memory-redact", "--root", str(project), "s"])  # asked twice: it is redacted, not unknown
     assert again.code == 0 and again.json["redacted"] == [] and again.json["already_redacted"] == ["s"]
+    assert run_cli(["memory-compact", "--root", str(project)]).code == 0  # keeps the redact lines
+    assert run_cli(["memory-redact", "--root", str(project), "s"]).json["already_redacted"] == ["s"]
     imported = run_cli(["memory-import", "--root", str(project), str(old_export)])
     assert imported.code == 0, imported.err
     with log.open("ab") as f:  # a git merge brings the teammate's line back
@@ -600,6 +602,28 @@ def test_a_secret_redacted_only_from_a_backup_stays_redacted_when_a_merge_or_imp
     assert run_cli(["memory-get", "--root", str(project), "s"]).json["records"][0]["retired"]["reason"] == "redacted"
     assert run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "t"]).code == 0
     assert secret.encode() not in log.read_bytes()  # the next write removed it again
+
+
+def test_a_redacted_records_questions_line_brought_back_is_never_read_and_removed_again(project):
+    secret = "sk-ant-api03-ZZQSECRETZZ"
+    assert index_records(project, [rec("leaked key", "the key", id="s")]).code == 0
+    log = memory_dir(project) / "records.jsonl"
+    questions = json.dumps({"op": "questions", "id": "s", "questions": [f"what is {secret} for?"], "model": "m",
+                            "at": "2026-11-24T00:00:00Z"}).encode() + b"\n"
+    with log.open("ab") as f:
+        f.write(questions)
+    assert run_cli(["memory-redact", "--root", str(project), "s", "--reason", "leaked"]).code == 0
+    assert secret.encode() not in log.read_bytes()
+    assert index_records(project, [rec("new s", "clean content", id="s")]).code == 0  # the id, new content
+    with log.open("ab") as f:  # a merge brings the questions line back
+        f.write(questions)
+    stats = run_cli(["memory-stats", "--root", str(project)]).json
+    assert any(p["code"] == "records-redacted-present" for p in stats["consistency"]["problems"]), stats["consistency"]
+    r = query(project, "what is it for")
+    assert r.code == 0 and secret not in r.out
+    assert run_cli(["memory-add", "--root", str(project), "--type", "learning", "--title", "t"]).code == 0
+    assert secret.encode() not in log.read_bytes()  # the next write removed it again
+    assert run_cli(["memory-get", "--root", str(project), "s"]).json["records"][0]["live"]
 
 
 def test_a_refused_url_is_never_repeated_with_its_user_password_or_query(project, monkeypatch):
@@ -629,6 +653,9 @@ def test_a_refused_value_is_repeated_at_most_max_echo_characters(project):
     (["memory-query", "q", "--api-key=sk-live-SECRET"], "--api-key=…"),
     (["memory-query", "q", "--api-key", "sk-live-SECRET"], "--api-key …"),
     (["memory-query", "q", "--t=sk-live-SECRET"], "--t=…"),  # ambiguous: --text, --type, --tags
+    (["memory-query", "q", "-Xsk-live-SECRET"], "-X…"),  # a short flag with its value attached
+    (["memory-query", "q", "--api-key", "-sk-live-SECRET"], "--api-key -s…"),
+    (["--api-key", "sk-live-SECRET", "memory-query", "q"], "the verb comes first"),
 ])
 def test_an_unknown_flag_is_repeated_without_its_value(project, argv, shown):
     r = run_cli([*argv, "--root", str(project)])
@@ -639,7 +666,8 @@ def test_an_unknown_flag_is_repeated_without_its_value(project, argv, shown):
 def test_a_value_argparse_refuses_is_repeated_at_most_max_echo_characters(project):
     from nubos_memory.limits import MAX_ECHO
 
-    for argv in (["--mode", "x" * 100_000], ["--mode=" + "x" * 100_000], ["--k", "9" * 50_000 + "x"]):
+    for argv in (["--mode", "x" * 100_000], ["--mode=" + "x" * 100_000], ["--k", "9" * 50_000 + "x"],
+                 [f"--x{i}" for i in range(1000)]):
         r = run_cli(["memory-query", "q", "--root", str(project), *argv])
         assert r.code == 2 and r.error["code"] == "usage" and len(r.error["message"]) < 2 * MAX_ECHO + 200, argv
 

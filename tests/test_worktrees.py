@@ -305,3 +305,16 @@ def test_the_saved_lexical_index_is_not_reused_when_another_worktree_changed(rep
     theirs = add(repo["a"], "Second of a", "cherries grow on trees")
     assert ids(query(repo["b"], "bananas plants", "--mode", "lexical"))[0] == mine
     assert ids(query(repo["b"], "cherries", "--mode", "lexical"))[0] == theirs
+
+
+def test_a_secret_redacted_from_a_backup_in_one_worktree_leaves_a_new_record_of_its_id_in_another_live(repo):
+    a, b = repo["a"], repo["b"]
+    assert index_records(a, [rec("leaked key", "sk-live-ZZSECRET", id="s")]).code == 0
+    assert run_cli(["memory-forget", "--root", str(a), "s"]).code == 0
+    assert run_cli(["memory-compact", "--root", str(a)]).code == 0
+    assert run_cli(["memory-redact", "--root", str(a), "s", "--reason", "leaked"]).json["redacted"] == ["s"]
+    assert index_records(b, [rec("new s", "clean content", id="s")]).json["added"] == 1  # (its own content)
+    for root in (a, b):
+        got = run_cli(["memory-get", "--root", str(root), "s"]).json["records"][0]
+        assert got["live"] and got["record"]["body"] == "clean content", (root, got)
+        assert ids(query(root, "clean content")) == ["s"]

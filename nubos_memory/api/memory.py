@@ -330,7 +330,7 @@ class Memory:
                                  details={"ids": unknown[:50], "written": 0})
             if copies:  # the log names what it redacts in the copies: a line a merge or an import brings back is
                 at = now_iso()  # never served, and a second call finds the id redacted (adr/0015)
-                self.store.append([], [redact_op(rid, h, at, reason) for rid in sorted(copies)
+                self.store.append([], [redact_op(rid, h, at, reason, copy=True) for rid in sorted(copies)
                                         for h in sorted(copies[rid])])
             keys = [content_hash(embed_text(r)) for r in scan.records if r["id"] in wanted]
             done = self.store.redact(wanted, reason, keys)

@@ -39,14 +39,34 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}", details={"usage": self.format_usage().strip()})
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
-        """argparse's, saying of arguments it does not know only the flags: a word after an unknown flag
-        may be its value (a secret given to the wrong flag), shown as "…"; another word as ``_unechoed``."""
+        """argparse's, saying of arguments it does not know only the flags (``_unknown``)."""
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
-            shown = ["…" if i and extra[i - 1].startswith("-") and "=" not in extra[i - 1] and not word.startswith("-")
-                     else word for i, word in enumerate(extra)]
-            self.error("unrecognized arguments: " + " ".join(shown))
+            self.error("unrecognized arguments: " + " ".join(_unknown(extra)))
         return parsed
+
+
+UNKNOWN_SHOWN = 20  # unknown arguments an error lists (then how many more)
+
+
+def _unknown(words: Sequence[str]) -> list[str]:
+    """Unknown arguments as an error lists them: a flag without its value (``--key=…``, ``-k…``; a word after
+    a flag may be its value: "…"), any other word as a caller's string is repeated (``records.echo``): a
+    value given to the wrong flag may be a secret."""
+    shown = []
+    for i, word in enumerate(words[:UNKNOWN_SHOWN]):
+        flag, eq, _ = word.partition("=")
+        if word.startswith("--"):
+            shown.append(flag + "=…" if eq else echo(word))
+        elif word.startswith("-") and len(word) > 2:
+            shown.append(word[:2] + "…")  # a short flag with its value attached
+        elif i and words[i - 1].startswith("-") and "=" not in words[i - 1]:
+            shown.append("…")
+        else:
+            shown.append(echo(word))
+    if len(words) > UNKNOWN_SHOWN:
+        shown.append(f"(and {len(words) - UNKNOWN_SHOWN} more)")
+    return shown
 
 
 class _Printing(Exception):
@@ -307,6 +327,9 @@ def parse(argv: Sequence[str], quiet: bool = False) -> tuple[str, Request]:
     """A command line's verb and request (UsageError: not a valid one; ``quiet``: another process's, so
     what argparse would print raises instead)."""
     check_arguments(argv)
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        raise UsageError("the verb comes first: np-tools VERB [flags] (np-tools --help lists the verbs)",
+                         details={"verbs": sorted(COMMANDS)})
     try:
         args = _parser(quiet).parse_args(argv)
     except UsageError as exc:

@@ -109,7 +109,8 @@ class Store(Protocol):
         ...
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
-        """Under the lock: replace the log by these records, keeping the old log (``memory-compact``)."""
+        """Under the lock: replace the log by these records and the log's ``redact`` lines (no text; what they
+        name stays never read), keeping the old log (``memory-compact``)."""
         ...
 
     def redact(self, ids: set[str], reason: str, keys: Sequence[str] = ()) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from .. import codes
 from ..errors import StoreError
 from ..faults import crash_point
 from ..fsio import atomic_write_bytes, dumps, ensure_dir, read_regular
-from ..log import LogScan, copied_lines, line_hash, redact_lines
+from ..log import LogScan, copied_lines, line_hash, redact_lines, redactions_in
 from ..trust import file_sha256
 from .cache import DerivedCache, LocalDerivedState
 from .lexcache import LexicalCache
@@ -232,11 +232,12 @@ class FileStore(LocalDerivedState):
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
         """Under the lock: the current log is kept as ``records.jsonl.bak-<time>`` (a hard link, so not a
-        byte is lost), and a new file with ``records`` replaces it atomically."""
+        byte is lost), and a new file with ``records`` and the log's ``redact`` lines replaces it atomically."""
         path = self.log.path
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         backup = path.with_name(f"{RECORDS}.bak-{stamp}")
         before = path.stat().st_size if path.exists() else 0
+        kept = redactions_in(self.export_lines())  # (no text: what they name stays never read)
         if path.exists():
             try:
                 os.link(path, backup)
@@ -244,7 +245,7 @@ class FileStore(LocalDerivedState):
                 shutil.copy2(path, backup)
         crash_point("compact-backup-made")
         self.log.drop_checkpoint()
-        atomic_write_bytes(path, b"".join(dumps(r) + b"\n" for r in records))
+        atomic_write_bytes(path, b"".join(dumps(r) + b"\n" for r in [*records, *kept]))
         self.log.drop_checkpoint()
         self.lexcache.invalidate()
         return {"backup": backup.name if before else None, "bytes": {"before": before, "after": path.stat().st_size}}

@@ -44,7 +44,7 @@ from ..errors import LockTimeout, StoreError
 from ..fsio import dumps
 from ..index.lexical import PostingsBM25
 from ..index.vectors import HnswParams, Pieces, Questions, VectorIndex, kappa, order_stats
-from ..log import LogScan, copied_lines, feed, frame, redact_lines, restart
+from ..log import LogScan, copied_lines, feed, frame, redact_lines, redactions_in, restart
 from ..records import SCHEMA_VERSION, now_iso
 from ..types import Manifest, Record
 from .cache import CACHE_FORMAT, carried_side_weight, covers_digest, joined_pieces, pieces_field, questions_field
@@ -221,10 +221,12 @@ class InMemoryStore:
         return {"redacted_again": purged["lines"]}
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
-        """Under the lock: the current log becomes a backup, ``records`` the new log (a new epoch)."""
-        data = b"".join(dumps(r) + b"\n" for r in records)
+        """Under the lock: the current log becomes a backup, ``records`` and the log's ``redact`` lines the
+        new log (a new epoch)."""
         with self._mutex:
             before = bytes(self._log)
+            kept = redactions_in(before.splitlines(keepends=True))
+            data = b"".join(dumps(r) + b"\n" for r in [*records, *kept])
             if before:
                 self._backups.append(before)
             self._log = bytearray(data)

@@ -61,7 +61,7 @@ from .. import codes
 from ..config import dsn_env_name
 from ..errors import ConfigError, LockTimeout, StoreError
 from ..fsio import dumps, ensure_dir
-from ..log import LogScan, copied_lines, feed, frame, redact_lines, restart
+from ..log import LogScan, copied_lines, feed, frame, redact_lines, redactions_in, restart
 from ..userdirs import user_cache_dir
 from .cache import DerivedCache, LocalDerivedState
 from .lexcache import LexicalCache
@@ -447,7 +447,8 @@ class PgStore(LocalDerivedState):
         return None  # a change is one transaction: a crashed writer leaves nothing half-written
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
-        """Under the lock: the log is copied to ``nubos_memory_log_backup`` and replaced, in one transaction."""
+        """Under the lock: the log is copied to ``nubos_memory_log_backup`` and replaced by ``records`` and
+        its ``redact`` lines, in one transaction."""
         self._still_locked()
         with self.db() as conn, conn.transaction():
             epoch = int(conn.execute("UPDATE nubos_memory_namespace SET epoch = epoch + 1 WHERE namespace = %s "
@@ -457,8 +458,11 @@ class PgStore(LocalDerivedState):
                          (epoch - 1, self.namespace))
             before = int(conn.execute("SELECT coalesce(sum(octet_length(line) + 1), 0) FROM nubos_memory_log "
                                       "WHERE namespace = %s", (self.namespace,)).fetchone()[0])
+            rows = conn.execute("SELECT line FROM nubos_memory_log WHERE namespace = %s AND line LIKE %s "
+                                "ORDER BY seq", (self.namespace, '%"redact"%')).fetchall()
+            kept = redactions_in(line.encode() for (line,) in rows)
             conn.execute("DELETE FROM nubos_memory_log WHERE namespace = %s", (self.namespace,))
-            lines = [dumps(r).decode() for r in records]
+            lines = [dumps(r).decode() for r in [*records, *kept]]
             with conn.cursor() as cur:
                 cur.executemany("INSERT INTO nubos_memory_log (namespace, line) VALUES (%s, %s)",
                                 [(self.namespace, line) for line in lines])

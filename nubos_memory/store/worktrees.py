@@ -371,7 +371,7 @@ class WorktreeStore(FileStore):
         for raw in data.split(b"\n"):
             if b'"op"' in raw and (b'"forget"' in raw or b'"redact"' in raw):
                 kind, obj, _ = classify(raw)
-                if kind in ("forget", "redact"):
+                if kind == "forget" or (kind == "redact" and obj.get("copy") is not True):  # (a copy's: by hash)
                     self._retired[obj["id"]] = (folder, {"reason": "redacted" if kind == "redact" else
                                                          obj.get("reason") or "forgotten", "at": obj.get("at")})
 
@@ -418,14 +418,15 @@ class WorktreeStore(FileStore):
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
         """``memory-compact`` compacts this worktree's log alone: its own live records (``records``, the
-        caller's view of every worktree, is not written here), and its retirements of records that
-        live in other worktrees (forget and redact lines naming an id this log holds no record of)."""
+        caller's view of every worktree, is not written here), its redact lines (as every store's
+        rewrite), and its retirements of records that live in other worktrees (forget lines naming an id
+        this log holds no record of)."""
         own = self.log.scan()
         live = [own.records[p] for p in range(len(own.records)) if p not in own.dead]
         kept = []
         for line in self.export_lines():
             kind, obj, _ = classify(line.rstrip(b"\r\n"))
-            if kind in ("forget", "redact") and obj["id"] not in own.position:
+            if kind == "forget" and obj["id"] not in own.position:
                 kept.append(obj)
         done = super().rewrite(live)
         if kept:
