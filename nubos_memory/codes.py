@@ -232,6 +232,8 @@ SERVE_ALREADY_RUNNING = _code("serve-already-running", "a memory-serve is alread
 SERVER_LOST = _code("server-lost", "memory-serve stopped while handling a batch; it may or may not be written")
 SERVER_UNTRUSTED = _code("server-untrusted", "a memory-serve socket was not used: its process may not be this "
                          "user's")
+SERVER_OTHER_ENVIRONMENT = _code("server-other-environment", "memory-serve was not used: it runs in another "
+                                 "environment (the user memory's folder, keys, the team DSN); answered in-process")
 
 # -- memory-http: the verbs, the store browser and MCP over HTTP (adr/0018) ------------------------------
 HTTP_TOKEN_REQUIRED = _code("http-token-required", "memory-http was asked to bind a non-loopback address and no "

@@ -30,7 +30,7 @@ def start_server(root, *extra):
 
 def stop(proc):
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=20)
+    out, proc.err_text = proc.communicate(timeout=20)  # (what the server said on stderr, for the tests)
     return json.loads(out)
 
 
@@ -395,3 +395,98 @@ def test_the_parser_is_built_once_and_a_bad_command_line_leaves_it_as_it_was(mon
         assert built == [True]
     finally:
         cli._parser.cache_clear()
+
+
+# -- a stopped server, a config turned invalid, another environment, a broken request --------------------
+def test_a_stopped_server_never_hangs_a_call_it_is_answered_in_process(served, monkeypatch):
+    from nubos_memory.interfaces import client
+
+    root, proc = served
+    monkeypatch.setattr(client, "ACCEPT_TIMEOUT_S", 1.0)
+    proc.send_signal(signal.SIGSTOP)  # Ctrl-Z in the server's terminal: it still holds the socket
+    try:
+        t = time.monotonic()
+        assert client.quick(["memory-query", "--root", str(root), "jwt"]) is None  # the CLI runs it itself
+        assert client.forward("memory-query", {"root": str(root), "text": "jwt"}) == (None, None)
+        assert time.monotonic() - t < 10
+        q = run_sub(["memory-query", "--root", str(root), "jwt"], timeout=60)  # (the real wait: 10 s, then here)
+        assert q.code == 0 and q.json["hits"]
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    assert stop(proc)["served"] == 0  # the calls it never accepted were not run when it woke up
+
+
+def test_a_config_turned_invalid_is_the_answer_of_a_served_write_not_server_lost(served):
+    root, proc = served
+    config = root / ".nubos-pilot/config.json"
+    good = config.read_text()
+    config.write_text(good[:-3])  # truncated JSON
+    try:
+        for argv in (["memory-forget", "nope"], ["memory-pin", "n1"]):
+            warm = run_sub([*argv, "--root", str(root)])
+            cold = in_process(*argv, "--root", str(root))
+            assert (warm.code, warm.error["code"]) == (cold.code, cold.error["code"]) == (3, "config-invalid-json")
+    finally:
+        config.write_text(good)
+    assert run_sub(["memory-query", "--root", str(root), "jwt"]).code == 0
+    stop(proc)
+    assert "Traceback" not in proc.err_text
+
+
+def test_a_caller_in_another_environment_is_answered_by_its_own_cli(served, tmp_path):
+    root, proc = served
+    other_home = tmp_path / "other-data"  # another user-memory folder: the server's answers read its own
+    add = run_sub(["memory-add", "--root", str(root), "--scope", "user", "--type", "learning", "--title",
+                   "okapi stripes"], env={"XDG_DATA_HOME": str(other_home)})
+    assert add.code == 0, add.err
+    assert list(other_home.rglob("records.jsonl"))  # written where the caller's environment says
+    assert add.json["warnings"][-1]["code"] == "server-other-environment"
+    q = run_sub(["memory-query", "--root", str(root), "okapi"], env={"XDG_DATA_HOME": str(other_home)})
+    assert [h["id"] for h in q.json["hits"]] == [add.json["id"]]
+    assert q.json["warnings"][-1]["code"] == "server-other-environment"
+    assert run_sub(["memory-query", "--root", str(root), "okapi"]).json["hits"] == []  # the server's own
+    assert stop(proc)["served"] == 1
+
+
+def test_a_request_the_server_cannot_read_is_dropped_without_a_traceback(served):
+    from nubos_memory.interfaces.client import connect, recv_message, send_message
+
+    root, proc = served
+    for bad in ({"verb": ["x"], "args": {}}, {"verb": "memory-query", "args": 5}, [1, 2]):
+        with connect(root / ".nubos-pilot/memory/serve.sock", timeout=5) as sock:
+            send_message(sock, bad)
+            with pytest.raises((ConnectionError, OSError, ValueError)):
+                recv_message(sock)
+    assert run_sub(["memory-query", "--root", str(root), "jwt"]).code == 0
+    assert stop(proc)["served"] == 1
+    assert "Traceback" not in proc.err_text
+
+
+def test_a_segment_deleted_between_the_manifest_and_its_read_is_read_again_or_said_missing(project, monkeypatch):
+    from nubos_memory import Memory
+    from nubos_memory.errors import StoreError
+    from nubos_memory.store.cache import DerivedCache
+
+    index_records(project, CORPUS)
+    cache = Memory.open(project).store.cache
+    real = DerivedCache.load
+    calls = []
+
+    def vanishing(self, manifest):
+        calls.append(manifest["generation"])
+        if len(calls) == 1:
+            raise FileNotFoundError(2, "No such file or directory", str(self.folder / "segment-x.vectors.npy"))
+        return real(self, manifest)
+
+    monkeypatch.setattr(DerivedCache, "load", vanishing)
+    generations = iter([1, 2, 2, 2])
+    real_read = DerivedCache.read_manifest
+    monkeypatch.setattr(DerivedCache, "read_manifest",
+                        lambda self: {**real_read(self), "generation": next(generations)})
+    _, index = cache.load_current()
+    assert index is not None and calls == [1, 2]  # a merge committed meanwhile: the new generation is read
+    monkeypatch.setattr(DerivedCache, "load", lambda self, m: (_ for _ in ()).throw(FileNotFoundError(2, "gone", "x")))
+    monkeypatch.setattr(DerivedCache, "read_manifest", lambda self: real_read(self))
+    with pytest.raises(StoreError) as caught:
+        cache.load_current()
+    assert caught.value.code == "index-missing"

@@ -17,6 +17,7 @@ with the standard library's ``json``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -32,6 +33,15 @@ from ..roots import MEMORY_DIR, STATE_DIR, find_root
 
 SOCKET_NAME = "serve.sock"
 MAX_MESSAGE = 512 << 20
+ACCEPT_TIMEOUT_S = 10.0  # a server says it took a call (or will not) before it runs anything: one that does
+# not within this is stopped (Ctrl-Z) or wedged, and the CLI runs the call itself
+
+
+def environment() -> dict[str, str]:
+    """Every environment variable's value as a digest, by name: a server answers only where the variables
+    its answers depend on are the caller's too (``server.same_environment``); no value crosses the socket."""
+    return {name: hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+            for name, value in os.environ.items()}
 
 
 def socket_path(root: Path) -> Path:
@@ -174,6 +184,15 @@ def _untrusted_warning(why: str, path: Path) -> dict[str, str]:
             "socket": str(path)}
 
 
+def _not_taken(reply: Any, path: Path) -> dict[str, str] | None:
+    """The warning when a server would not take a call because it runs in another environment."""
+    if isinstance(reply, dict) and reply.get("environment"):
+        return {"code": codes.SERVER_OTHER_ENVIRONMENT, "message": "memory-serve was not used: it runs in another "
+                "environment (the user memory's folder, keys or the team DSN differ); answered in-process",
+                "socket": str(path)}
+    return None
+
+
 def quick(argv: list[str]) -> tuple[int, str, str | None] | dict[str, str] | None:
     """``(exit code, "stdout" or "stderr", the text to print)`` of a command line a running server of
     ours answered; None when the CLI must run it (no server, or the server's ``fallback``: module
@@ -198,12 +217,13 @@ def quick(argv: list[str]) -> tuple[int, str, str | None] | dict[str, str] | Non
     accepted: dict[str, Any] | None = None
     try:
         with sock:
-            sock.settimeout(None)  # a write may embed for a while
-            send_message(sock, {"argv": argv, "cwd": os.getcwd()})
+            sock.settimeout(ACCEPT_TIMEOUT_S)
+            send_message(sock, {"argv": argv, "cwd": os.getcwd(), "env": environment()})
             reply = recv_message(sock)
             if not isinstance(reply, dict) or not reply.get("accepted"):
-                return None  # "fallback", or an answer this version does not know
+                return _not_taken(reply, path)  # "fallback", or an answer this version does not know
             accepted = reply
+            sock.settimeout(None)  # a write may embed for a while
             reply = recv_message(sock)
             return int(reply["code"]), str(reply["stream"]), reply["out"]
     except (OSError, ValueError, ConnectionError, KeyError, TypeError):
@@ -237,9 +257,13 @@ def forward(name: str, request: dict[str, Any], progress: Callable[[str, int, in
     sent = False
     try:
         with sock:
-            sock.settimeout(None)  # a forwarded write may embed for a while
-            send_message(sock, {"verb": name, "args": args})
+            sock.settimeout(ACCEPT_TIMEOUT_S)
+            send_message(sock, {"verb": name, "args": args, "env": environment(), "ack": True})
+            reply = recv_message(sock)  # {"accepted": true} before the server runs anything, or "fallback"
+            if not isinstance(reply, dict) or not reply.get("accepted"):
+                return None, _not_taken(reply, path)
             sent = True
+            sock.settimeout(None)  # a forwarded write may embed for a while
             reply = recv_message(sock)
             while isinstance(reply, dict) and "progress" in reply and "code" not in reply:
                 if progress is not None:

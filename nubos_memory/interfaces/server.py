@@ -16,13 +16,18 @@ never waits on a half-started server: until then it works in-process.
 ``--idle-timeout`` counts from the end of warm-up and of the last request.
 
 Protocol: one request per connection, each message an 8-byte big-endian length
-and a JSON document: ``{"verb": name, "args": {...request...}}`` (a request the CLI
-parsed and prepared) → ``{"code", "stream", "doc"}``, preceded, for a long verb whose
+and a JSON document: ``{"verb": name, "args": {...request...}, "env": {...}, "ack": true}`` (a
+request the CLI parsed and prepared) → ``{"accepted": true}`` (asked for by ``ack``) or
+``{"fallback": true}``, then ``{"code", "stream", "doc"}``, preceded, for a long verb whose
 request asks for progress, by ``{"progress": [stage, done, total]}`` messages; or
-``{"argv": [...], "cwd": path}`` (a command line as typed: ``client.quick``) →
+``{"argv": [...], "cwd": path, "env": {...}}`` (a command line as typed: ``client.quick``) →
 ``{"fallback": true}`` when the CLI must run it itself (``client.py`` says when), else
 ``{"accepted": true, "writes": bool}`` then ``{"code", "stream", "out"}``: the text the CLI
-would print, parsed, prepared, answered and printed by the CLI's own functions.
+would print, parsed, prepared, answered and printed by the CLI's own functions.  ``accepted`` is
+sent before anything runs (a client that waits ``client.ACCEPT_TIMEOUT_S`` for it in vain runs
+the call itself, and the server then runs nothing: its ``accepted`` cannot be sent).  ``env``: the
+caller's environment as digests (``client.environment``); a server whose own differs in a
+variable its answers read (``same_environment``) answers ``fallback``.
 """
 
 from __future__ import annotations
@@ -34,18 +39,46 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .. import codes
 from ..errors import InputError, UsageError, failure
 from ..fsio import DIR_MODE, FILE_MODE, dumps, loads
-from ..roots import find_root
-from .client import connect, peer_uid, recv_frame, send_frame, socket_path
+from ..roots import ROOT_ENV, find_root
+from .client import connect, environment, peer_uid, recv_frame, send_frame, socket_path
 from .verbs import VERBS, Context, from_caller, run
 from .warm import WarmMemory, catch_up_forever
 
 LOCK_NAME = "serve.lock"
+# The environment variables a served answer reads (by prefix or by name; the root is checked apart), besides
+# those a setting names (``_named_variables``): a caller whose differ is answered by its own CLI.
+ENV_PREFIXES = ("NUBOS_", "XDG_", "HF_")
+ENV_NAMES = frozenset({"HOME", "TMPDIR", "TRANSFORMERS_OFFLINE", "HUGGINGFACE_HUB_CACHE"})
+ENV_IGNORED = frozenset({ROOT_ENV})
+
+
+def _named_variables(mem: Any) -> set[str]:
+    """The variables the memory's settings name: the gateway's and the generator's keys, the team DSN."""
+    from ..config import dsn_env_name, gateway_key_env, generator_key_env
+
+    try:
+        return {gateway_key_env(mem.config), generator_key_env(mem.config), dsn_env_name()}
+    except Exception:  # noqa: BLE001 - unreadable user settings: the variables by prefix and name only
+        return set()
+
+
+def same_environment(theirs: Any, mem: Any) -> bool:
+    """Whether a caller's environment (``client.environment``; none: an older client) agrees with this
+    process's in every variable an answer may read."""
+    if theirs is None:
+        return True
+    if not isinstance(theirs, dict):
+        return False
+    mine = environment()
+    names = {n for n in (*theirs, *mine) if isinstance(n, str) and (n.startswith(ENV_PREFIXES) or n in ENV_NAMES)}
+    return all(theirs.get(n) == mine.get(n) for n in (names | _named_variables(mem)) - ENV_IGNORED)
 
 
 def _names_a_file(args: dict[str, Any]) -> bool:
@@ -119,10 +152,13 @@ class Server:
             conn.settimeout(30)
             try:
                 request = loads(recv_frame(conn))
+                if not same_environment(request.get("env"), self.warm.memory):
+                    send_frame(conn, dumps({"fallback": True, "environment": True}))  # (the caller's CLI answers)
+                    return False
                 if "argv" in request:
                     return self._command_line(conn, [str(a) for a in request["argv"]], str(request["cwd"]))
-                name, args = request["verb"], dict(request["args"])
-            except Exception:  # noqa: BLE001 - a broken request: nothing to answer
+                name, args = self._taken(conn, request)
+            except Exception:  # noqa: BLE001 - a broken request, or a caller gone: nothing to answer
                 return False
             args["root"] = str(self.root)
             unserved = name not in VERBS or not VERBS[name].served
@@ -143,9 +179,7 @@ class Server:
                             gone.set()
 
                 wanted = VERBS[name].long and args.get("progress") in ("bar", "json")
-                with self.warm.use(writes=VERBS[name].writes) as mem:
-                    code, stream, doc = run(name, args, Context(open_memory=lambda _root: mem,
-                                                                progress=report if wanted else None))
+                code, stream, doc = self._answer(name, args, report if wanted else None)
                 reply = {"code": code, "stream": stream, "doc": doc}
             try:
                 conn.settimeout(None)
@@ -153,6 +187,17 @@ class Server:
             except OSError:
                 pass
             return True
+
+    @staticmethod
+    def _taken(conn: socket.socket, request: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """A prepared request's verb and arguments (ValueError: not one), ``accepted`` said first where the
+        client asks (``ack``), before anything runs."""
+        name, args = request["verb"], dict(request["args"])
+        if not isinstance(name, str):
+            raise ValueError("the verb is not a string")
+        if request.get("ack"):
+            send_frame(conn, dumps({"accepted": True}))
+        return name, args
 
     def _command_line(self, conn: socket.socket, argv: list[str], cwd: str) -> bool:
         """Answer a command line as the CLI would, with the text it would print, or say ``fallback``
@@ -196,9 +241,16 @@ class Server:
         except Exception:  # noqa: BLE001 - not a folder: the CLI says so
             return False
 
-    def _answer(self, name: str, request: dict[str, Any]) -> tuple[int, str, Any]:
-        with self.warm.use(writes=VERBS[name].writes) as mem:
-            return run(name, request, Context(open_memory=lambda _root: mem))
+    def _answer(self, name: str, request: dict[str, Any],
+                progress: Callable[[str, int, int], None] | None = None) -> tuple[int, str, Any]:
+        """The verb's answer; a failure to take the memory (its config turned invalid since) is the
+        answer's error too, as the CLI's would be, never a dropped connection."""
+        try:
+            with self.warm.use(writes=VERBS[name].writes) as mem:
+                return run(name, request, Context(open_memory=lambda _root: mem, progress=progress))
+        except Exception as exc:  # noqa: BLE001 - taking the memory failed: the answer says why
+            code, envelope = failure(exc)
+            return code, "stderr", envelope
 
     def _serve_one(self, conn: socket.socket) -> None:
         answered = False

@@ -515,10 +515,13 @@ class DerivedCache:
                 return None, None
             try:
                 return manifest, self.load(manifest)
-            except StoreError as exc:
+            except (StoreError, FileNotFoundError) as exc:  # (a segment a merge deleted after its commit)
                 again = self.read_manifest()
                 if again is not None and again.get("generation") != manifest.get("generation"):
                     continue  # a writer committed while we read: read the new generation
+                if isinstance(exc, FileNotFoundError):
+                    raise StoreError(f"derived file {Path(exc.filename or '').name or '?'} is missing; run "
+                                     "memory-rebuild", code=codes.INDEX_MISSING) from None
                 raise exc
         raise StoreError("derived files keep changing under the reader", code=codes.INDEX_BUSY)
 
