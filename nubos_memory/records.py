@@ -422,7 +422,9 @@ def normalise_record(raw: Any, types: Iterable[str] | None) -> Record:
         raise _Fail(codes.RECORD_NOT_OBJECT, "a record must be a JSON object", "record")
     unknown = sorted(set(raw) - set(FIELDS) - set(OPTIONAL_FIELDS))
     if unknown:
-        raise _Fail(codes.RECORD_UNKNOWN_FIELD, f"unknown field(s): {', '.join(map(str, unknown))}", unknown[0])
+        named = ", ".join(echo(str(k)) for k in unknown[:10]) + (f" (and {len(unknown) - 10} more)" if len(unknown) > 10
+                                                                else "")
+        raise _Fail(codes.RECORD_UNKNOWN_FIELD, f"unknown field(s): {named}", echo(str(unknown[0])))
     rid = raw.get("id")
     if rid is None:
         rid = str(uuid.uuid4()) if types is not None else ""  # read from the log: derived below

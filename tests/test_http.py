@@ -570,3 +570,55 @@ def test_a_token_in_the_environment_is_asked_on_loopback_too(project, monkeypatc
     with serve(project) as running:
         assert running.request("GET", "/v1/stats", headers={"Authorization": None})[0] == 401
         assert running.request("GET", "/v1/stats")[0] == 200
+
+
+# -- red-team, third pass: a held stream, deep records, a broken config, long names, plain-text refusals --
+def test_get_mcp_opens_no_stream_that_would_hold_a_connection_for_ever(served):
+    status, _headers, doc = served.request("GET", "/mcp", headers={"Accept": "text/event-stream"}, timeout=10)
+    assert status == 405 and doc["error"]["code"] == "http-not-found"
+
+
+def test_mcp_refusals_are_the_envelope_not_plain_text(served):
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    status, _, doc = served.request("POST", "/mcp", raw=json.dumps(hello).encode(),
+                                    headers={"Content-Type": "text/plain", "Accept": "application/json"})
+    assert status == 400 and doc["error"]["code"] == "http-invalid-json"
+    status, _, doc = served.request("POST", "/mcp", hello, headers={  # a Host in capitals is the same host
+        "Host": f"LOCALHOST:{served.port}", "Accept": "application/json, text/event-stream"})
+    assert status == 200 and doc["result"]["tools"], doc
+    long_name = {**hello, "method": "tools/list" + "A" * 100_000}
+    status, _, doc = served.request("POST", "/mcp", long_name, headers={"Accept": "application/json"})
+    assert status == 400 and doc["error"]["code"] == "http-invalid-json" and len(json.dumps(doc)) < 1000
+
+
+def test_a_record_nested_deeper_than_a_log_line_may_be_is_refused_not_a_500(served):
+    for depth in (254, 600):
+        nested = json.loads("[" * depth + "]" * depth)
+        status, _, doc = served.post("/v1/index", {"records": [{"type": "learning", "title": "t", "zzz": nested}]})
+        assert status == 400 and doc["error"]["code"] == "http-invalid-json", (depth, doc)
+
+
+def test_unknown_record_fields_are_named_at_most_max_echo_characters(served):
+    record = {"type": "learning", "title": "t", "A" * 100_000: 1, **{f"k{i}": 1 for i in range(50)}}
+    status, _, doc = served.post("/v1/index", {"records": [record]})
+    assert status == 422 and doc["error"]["code"] == "record-unknown-field" and len(json.dumps(doc)) < 2000
+
+
+def test_a_config_turned_invalid_is_every_routes_answer_in_the_envelope(served, project):
+    config = project / ".nubos-pilot/config.json"
+    good = config.read_text()
+    config.write_text(good[:-3])
+    try:
+        for method, path, body in (("POST", "/v1/query", {"text": "x"}), ("POST", "/api/knowledge/search",
+                                   {"query": "x"}), ("GET", "/v1/stats", None)):
+            _, headers, doc = served.request(method, path, body)  # (the server's own state: a 500)
+            assert doc["error"]["code"] == "config-invalid-json" and headers[H.EXIT_HEADER.lower()] == "3", doc
+        _, _, page = served.request("GET", "/health")
+        assert "config-invalid-json" in page, page
+        tool = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "memory_query",
+                                                                              "arguments": {"text": "x"}}}
+        _, _, doc = served.request("POST", "/mcp", tool, headers={"Accept": "application/json"})
+        result = doc["result"]
+        assert result["isError"] and json.loads(result["content"][0]["text"])["error"]["code"] == "config-invalid-json"
+    finally:
+        config.write_text(good)

@@ -203,3 +203,10 @@ def test_strict_types_still_take_what_the_schema_allows(raw):
     assert added["isError"] is False, added
     error = envelope(raw.call("memory_add", {"type": "learning", "title": "Pin pnpm", "force": "true"}))
     assert error["code"] == "argument-invalid" and error["details"]["errors"][0]["field"] == "force"
+
+
+def test_a_long_method_name_is_not_repeated_in_full(raw):
+    raw.send(b'{"jsonrpc":"2.0","id":77,"method":"tools/list' + b"A" * 100_000 + b'"}')
+    answer = raw.answer(77)
+    assert answer["error"]["code"] == -32601 and len(json.dumps(answer)) < 1000
+    raw.alive()

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import codes
-from ..errors import ConfigError, UsageError, failure
+from ..errors import ConfigError, NubosMemoryError, UsageError, failure
 from ..fsio import dumps, loads
 from ..limits import (
     HTTP_BODY_TIMEOUT_S,
@@ -61,7 +61,7 @@ from ..limits import (
     MAX_TYPE,
 )
 from ..params import Param
-from .verbs import VERBS, Context, Request, run
+from .verbs import VERBS, Request
 
 if TYPE_CHECKING:
     import uvicorn
@@ -282,8 +282,9 @@ class Shield:
     within :data:`HTTP_MAX_BODY` bytes and :data:`HTTP_BODY_TIMEOUT_S` seconds, then the app."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], guard: Guard, max_body: int = HTTP_MAX_BODY,
-                 body_timeout: float = HTTP_BODY_TIMEOUT_S):
+                 body_timeout: float = HTTP_BODY_TIMEOUT_S, *, mcp: bool = False):
         self.app, self.guard, self.max_body, self.body_timeout = app, guard, max_body, body_timeout
+        self.mcp = mcp  # (the MCP tools are served at MCP_PATH: ``mcp_refusal`` applies there)
 
     async def __call__(self, scope: "Scope", receive: "Receive", send: "Send") -> None:
         if scope["type"] == "lifespan":
@@ -302,9 +303,16 @@ class Shield:
             extra = [(b"www-authenticate", b'Bearer realm="nubos-memory"')] if code == codes.HTTP_UNAUTHORIZED else []
             await respond(send, REFUSALS[code], envelope(code, message), extra)
             return
-        replay = await self.read_body(headers, receive, send)
-        if replay is not None:
-            await self.app(scope, replay, send)
+        got = await self.read_body(headers, receive, send)
+        if got is None:
+            return
+        replay, body = got
+        if self.mcp and scope.get("path") == MCP_PATH:
+            mcp_refused = mcp_refusal(scope.get("method", ""), headers, body)
+            if mcp_refused is not None:
+                await respond(send, *mcp_refused)
+                return
+        await self.app(scope, replay, send)
 
     def refusal(self, scope: "Scope", headers: Any) -> tuple[str, str] | None:
         """``(code, message)`` for a request the guard refuses, else None."""
@@ -322,8 +330,9 @@ class Shield:
                 return codes.HTTP_UNAUTHORIZED, "this server needs its bearer token (Authorization: Bearer TOKEN)"
         return None
 
-    async def read_body(self, headers: Any, receive: "Receive", send: "Send") -> "Receive | None":
-        """The body read whole within the limits, as a ``receive`` that replays it; None when refused."""
+    async def read_body(self, headers: Any, receive: "Receive", send: "Send") -> "tuple[Receive, bytes] | None":
+        """The body read whole within the limits: a ``receive`` that replays it, and the body; None when
+        refused."""
         import anyio
 
         declared = headers.get("content-length")
@@ -353,12 +362,39 @@ class Shield:
             await respond(send, 408, envelope(codes.HTTP_TIMEOUT, f"the request body did not arrive within "
                                               f"{self.body_timeout:g} s"))
             return None
-        queue: list[Message] = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}, *trailing]
+        body = b"".join(chunks)
+        queue: list[Message] = [{"type": "http.request", "body": body, "more_body": False}, *trailing]
 
         async def replay() -> "Message":
             return queue.pop(0) if queue else await receive()
 
-        return replay
+        return replay, body
+
+
+MCP_PATH = "/mcp"
+
+
+def mcp_refusal(method: str, headers: Any, body: bytes) -> tuple[int, dict[str, Any]] | None:
+    """``(status, envelope)`` for an MCP request the SDK would hold open or answer in plain text, else None:
+    a GET (stateless MCP sends nothing unasked, and its event stream held a connection for ever: enough of
+    them shut the server out), a POST that is not JSON, a method name longer than ``MAX_ECHO`` (the SDK
+    repeats it in full)."""
+    if method in ("GET", "HEAD"):
+        return 405, envelope(codes.HTTP_NOT_FOUND, f"{method} is not taken at {MCP_PATH}: this server sends nothing "
+                             "unasked (stateless MCP); POST JSON-RPC requests", {"path": MCP_PATH})
+    if method != "POST":
+        return None
+    kinds = [part.strip().lower() for part in (headers.get("content-type") or "").split(";")[0].split(",")]
+    if "application/json" not in kinds:
+        return 400, envelope(codes.HTTP_INVALID_JSON, "an MCP request is JSON (Content-Type: application/json)")
+    try:
+        doc = loads(body) if body else None
+    except Exception:  # noqa: BLE001 - the SDK answers a body it cannot read with a JSON-RPC error
+        return None
+    messages = doc if isinstance(doc, list) else [doc]
+    if any(isinstance(m, dict) and isinstance(m.get("method"), str) and len(m["method"]) > MAX_ECHO for m in messages):
+        return 400, envelope(codes.HTTP_INVALID_JSON, f"a JSON-RPC method name is at most {MAX_ECHO} characters")
+    return None
 
 
 def _cookie(header: str | None, wanted: str) -> str | None:
@@ -434,10 +470,13 @@ class Service:
         import anyio.to_thread
 
         def look() -> bool:
-            with self.warm.use(writes=False) as mem:
-                scan = mem.scan()
-                pos = scan.position.get(rid)
-                return pos is not None and pos in scan.hot_positions()
+            try:
+                with self.warm.use(writes=False) as mem:
+                    scan = mem.scan()
+                    pos = scan.position.get(rid)
+                    return pos is not None and pos in scan.hot_positions()
+            except NubosMemoryError:  # (the memory cannot be taken now: the page's answers say why)
+                return False
 
         return await anyio.to_thread.run_sync(look)
 
@@ -454,8 +493,7 @@ class Service:
         request = {**request, "root": str(self.warm.root)}
 
         def work() -> tuple[int, str, Any]:
-            with self.warm.use(writes=spec.writes) as mem:
-                return run(verb, request, Context(open_memory=lambda _root: mem))
+            return self.warm.answer(verb, request)
 
         try:
             if spec.writes or spec.long:
@@ -522,7 +560,11 @@ def verb_endpoint(service: Service, verb: str) -> Callable[["HttpRequest"], Awai
                                      code=codes.ARGUMENT_INVALID,
                                      details={"errors": [{"field": RECORDS, "problem": "must be a JSON array of "
                                                           "record objects"}]})
-                extra = {"records_file": "-", "stdin_text": dumps(records).decode()}
+                try:
+                    extra = {"records_file": "-", "stdin_text": dumps(records).decode()}
+                except (TypeError, ValueError, RecursionError):  # (nested deeper than a log line may be)
+                    raise UsageError(f"{route(verb)}: {RECORDS}: nested too deep to be a record",
+                                     code=codes.HTTP_INVALID_JSON) from None
         except UsageError as exc:
             return failed(exc)
         code, _, doc = await service.call(verb, {**checked, **extra})
@@ -644,8 +686,10 @@ def build_app(service: Service, guard: Guard, *, mcp: bool = True, max_body: int
 
         server, _ = build_server(str(service.warm.root), service.warm)
         names = sorted(guard.hosts)
+        # (the guard in front checks Host and Origin for every path, /mcp too, in the one envelope; the SDK's own
+        # check compared Host case-sensitively and answered in plain text)
         security = TransportSecuritySettings(
-            enable_dns_rebinding_protection=True, allowed_hosts=[f"{h}:{guard.port}" for h in names],
+            enable_dns_rebinding_protection=False, allowed_hosts=[f"{h}:{guard.port}" for h in names],
             allowed_origins=[f"http://{h}:{guard.port}" for h in names])
         mcp_app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True,
                                              max_request_body_size=HTTP_MAX_BODY, transport_security=security)
@@ -656,7 +700,7 @@ def build_app(service: Service, guard: Guard, *, mcp: bool = True, max_body: int
             return manager.run()
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
-    return Shield(app, guard, max_body, body_timeout)
+    return Shield(app, guard, max_body, body_timeout, mcp=mcp)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

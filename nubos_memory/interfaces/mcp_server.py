@@ -62,7 +62,7 @@ from ..types import (
     RebuildResult,
     Stats,
 )
-from .verbs import VERBS, Context, run
+from .verbs import VERBS
 
 if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -361,8 +361,7 @@ def build_server(root: str | None, warm: "WarmMemory | None" = None) -> tuple[An
         """The verb's answer (JSON text and the same document as structured content; a query may
         answer with its markdown context block as text), or our error envelope as a tool error.
         Calls wait for the warm-up (it holds the same locks), so the model loads once."""
-        with warm.use(writes=VERBS[name].writes) as mem:
-            code, _, doc = run(name, {**request, "root": str(warm.root)}, Context(open_memory=lambda _root: mem))
+        code, _, doc = warm.answer(name, {**request, "root": str(warm.root)})
         if code != 0:
             return tool_error(doc)
         text = render_markdown(doc) if markdown else dumps(doc).decode()
@@ -527,6 +526,35 @@ def rpc_error(rid: int | str | None, code: int, message: str, data: Any = None) 
     return JSONRPCError(jsonrpc="2.0", id=rid, error=error)
 
 
+def judged(line: bytes, size: int, allowed: Callable[[str], list[str] | None]
+           ) -> "tuple[JSONRPCMessage | None, JSONRPCMessage | None]":
+    """A line read from the wire: ``(the message for the SDK, None)``, or ``(None, our answer)`` to a line it
+    would not read or would answer badly (:func:`too_large`, :func:`refuse`, :func:`unknown_method`);
+    ``(None, None)`` for a blank line."""
+    from mcp_types import jsonrpc_message_adapter
+
+    if size > MAX_LINE:
+        return None, too_large(line, size)
+    if not line.strip():
+        return None, None
+    try:
+        message = jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except Exception:  # noqa: BLE001 - whatever the reader refuses is answered
+        return None, refuse(line, allowed)
+    answer = unknown_method(message)
+    return (None, answer) if answer is not None else (message, None)
+
+
+def unknown_method(message: Any) -> "JSONRPCMessage | None":
+    """The answer to a request whose method name is longer than any method (``MAX_ECHO``), which the SDK
+    would repeat in full: "Method not found", the name cut; None for any other message."""
+    from mcp_types import METHOD_NOT_FOUND, JSONRPCRequest
+
+    if isinstance(message, JSONRPCRequest) and len(message.method) > MAX_ECHO:
+        return rpc_error(message.id, METHOD_NOT_FOUND, "Method not found", message.method[:MAX_ECHO - 1] + "…")
+    return None
+
+
 def too_large(head: bytes, size: int) -> "JSONRPCMessage":
     """The answer to a line over :data:`MAX_LINE`: for the id its first bytes name, if any."""
     from mcp_types import INVALID_REQUEST
@@ -631,7 +659,6 @@ async def stdio_streams(allowed: Callable[[str], list[str] | None]) -> AsyncIter
     import anyio
     import anyio.to_thread
     from mcp.shared.message import SessionMessage
-    from mcp_types import jsonrpc_message_adapter
 
     restore: list[Callable[[], None]] = []
     try:
@@ -647,21 +674,10 @@ async def stdio_streams(allowed: Callable[[str], list[str] | None]) -> AsyncIter
             try:
                 async with read_send, answers:
                     while (got := await anyio.to_thread.run_sync(read_line, wire_in, abandon_on_cancel=True)):
-                        line, size = got
-                        answer: JSONRPCMessage | None
-                        if size > MAX_LINE:
-                            answer = too_large(line, size)
-                        elif not line.strip():
-                            continue
-                        else:
-                            try:
-                                message = jsonrpc_message_adapter.validate_json(line, by_name=False)
-                            except Exception:  # noqa: BLE001 - whatever the reader refuses is answered
-                                answer = refuse(line, allowed)
-                            else:
-                                await read_send.send(SessionMessage(message))
-                                continue
-                        if answer is not None:
+                        message, answer = judged(*got, allowed)
+                        if message is not None:
+                            await read_send.send(SessionMessage(message))
+                        elif answer is not None:
                             await answers.send(SessionMessage(answer))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # the server is gone

@@ -48,7 +48,7 @@ from ..errors import InputError, UsageError, failure
 from ..fsio import DIR_MODE, FILE_MODE, dumps, loads
 from ..roots import ROOT_ENV, find_root
 from .client import connect, environment, peer_uid, recv_frame, send_frame, socket_path
-from .verbs import VERBS, Context, from_caller, run
+from .verbs import VERBS, from_caller
 from .warm import WarmMemory, catch_up_forever
 
 LOCK_NAME = "serve.lock"
@@ -245,12 +245,7 @@ class Server:
                 progress: Callable[[str, int, int], None] | None = None) -> tuple[int, str, Any]:
         """The verb's answer; a failure to take the memory (its config turned invalid since) is the
         answer's error too, as the CLI's would be, never a dropped connection."""
-        try:
-            with self.warm.use(writes=VERBS[name].writes) as mem:
-                return run(name, request, Context(open_memory=lambda _root: mem, progress=progress))
-        except Exception as exc:  # noqa: BLE001 - taking the memory failed: the answer says why
-            code, envelope = failure(exc)
-            return code, "stderr", envelope
+        return self.warm.answer(name, request, progress)
 
     def _serve_one(self, conn: socket.socket) -> None:
         answered = False

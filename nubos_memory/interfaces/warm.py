@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +107,21 @@ class WarmMemory:
         finally:
             self._last_request = time.monotonic()
             lock.release()
+
+    def answer(self, verb: str, request: dict[str, Any],
+               progress: "Callable[[str, int, int], None] | None" = None) -> tuple[int, str, Any]:
+        """``verbs.run`` of ``verb`` on the memory it needs (the writer or the reader): ``(exit code, stream,
+        document)``, a failure to take that memory (its config turned invalid since, the project gone) in
+        the same envelope as any other error, never an exception an interface would turn into a 500."""
+        from ..errors import failure
+        from .verbs import VERBS, Context, run
+
+        try:
+            with self.use(writes=VERBS[verb].writes) as mem:
+                return run(verb, request, Context(open_memory=lambda _root: mem, progress=progress))
+        except Exception as exc:  # noqa: BLE001 - taking the memory failed: the answer says why
+            code, envelope = failure(exc)
+            return code, "stderr", envelope
 
     def get(self) -> "Memory":
         """The writer, reopened first if the project config changed (single-threaded callers)."""
