@@ -490,3 +490,34 @@ def test_a_segment_deleted_between_the_manifest_and_its_read_is_read_again_or_sa
     with pytest.raises(StoreError) as caught:
         cache.load_current()
     assert caught.value.code == "index-missing"
+
+
+SETS_A_VARIABLE = """
+import os, sys
+from nubos_memory.interfaces import warm
+fast = warm.WarmMemory.warm_up
+def loading(self):
+    fast(self)
+    os.environ["HF_HUB_OFFLINE"] = "1"  # what the torch runtime sets in the process that loads a model
+warm.WarmMemory.warm_up = loading
+from nubos_memory.interfaces.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_variable_the_server_set_itself_after_it_started_is_not_the_callers_environment(project):
+    index_records(project, CORPUS)
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    proc = subprocess.Popen([sys.executable, "-c", SETS_A_VARIABLE, "memory-serve", "--root", str(project)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env, "PYTHONPATH": str(REPO)})
+    try:
+        assert '"serving"' in proc.stderr.readline()
+        q = subprocess.run([sys.executable, "-m", "nubos_memory", "memory-query", "--root", str(project), "jwt"],
+                           capture_output=True, text=True, env={**env, "PYTHONPATH": str(REPO)}, timeout=60)
+        assert q.returncode == 0 and "server-other-environment" not in q.stdout, q.stdout
+        assert stop(proc)["served"] == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -69,14 +69,14 @@ def _named_variables(mem: Any) -> set[str]:
         return set()
 
 
-def same_environment(theirs: Any, mem: Any) -> bool:
-    """Whether a caller's environment (``client.environment``; none: an older client) agrees with this
-    process's in every variable an answer may read."""
+def same_environment(theirs: Any, mine: dict[str, str], mem: Any) -> bool:
+    """Whether a caller's environment (``client.environment``; none: an older client) agrees with the one
+    this server was started in (``mine``: what its own libraries set since, such as the model runtime's
+    ``HF_HUB_OFFLINE``, is not the user's) in every variable an answer may read."""
     if theirs is None:
         return True
     if not isinstance(theirs, dict):
         return False
-    mine = environment()
     names = {n for n in (*theirs, *mine) if isinstance(n, str) and (n.startswith(ENV_PREFIXES) or n in ENV_NAMES)}
     return all(theirs.get(n) == mine.get(n) for n in (names | _named_variables(mem)) - ENV_IGNORED)
 
@@ -90,6 +90,7 @@ def _names_a_file(args: dict[str, Any]) -> bool:
 
 class Server:
     def __init__(self, root: str | None, idle_timeout: float = 0.0):
+        self.environment = environment()  # (as started: before anything it loads sets a variable)
         self.warm = WarmMemory(root)
         self.warm.memory.require_enabled()
         self.root = self.warm.root
@@ -152,7 +153,7 @@ class Server:
             conn.settimeout(30)
             try:
                 request = loads(recv_frame(conn))
-                if not same_environment(request.get("env"), self.warm.memory):
+                if not same_environment(request.get("env"), self.environment, self.warm.memory):
                     send_frame(conn, dumps({"fallback": True, "environment": True}))  # (the caller's CLI answers)
                     return False
                 if "argv" in request:
