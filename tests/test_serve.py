@@ -498,7 +498,7 @@ from nubos_memory.interfaces import warm
 fast = warm.WarmMemory.warm_up
 def loading(self):
     fast(self)
-    os.environ["HF_HUB_OFFLINE"] = "1"  # what the torch runtime sets in the process that loads a model
+    os.environ["NUBOS_MEMORY_DEBUG"] = "1"  # a variable the server set itself, after it started
 warm.WarmMemory.warm_up = loading
 from nubos_memory.interfaces.cli import main
 sys.exit(main(sys.argv[1:]))
@@ -507,7 +507,7 @@ sys.exit(main(sys.argv[1:]))
 
 def test_a_variable_the_server_set_itself_after_it_started_is_not_the_callers_environment(project):
     index_records(project, CORPUS)
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env = {k: v for k, v in os.environ.items() if k != "NUBOS_MEMORY_DEBUG"}
     proc = subprocess.Popen([sys.executable, "-c", SETS_A_VARIABLE, "memory-serve", "--root", str(project)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**env, "PYTHONPATH": str(REPO)})

@@ -54,8 +54,10 @@ from .warm import WarmMemory, catch_up_forever
 LOCK_NAME = "serve.lock"
 # The environment variables a served answer reads (by prefix or by name; the root is checked apart), besides
 # those a setting names (``_named_variables``): a caller whose differ is answered by its own CLI.
-ENV_PREFIXES = ("NUBOS_", "XDG_", "HF_")
-ENV_NAMES = frozenset({"HOME", "TMPDIR", "TRANSFORMERS_OFFLINE", "HUGGINGFACE_HUB_CACHE"})
+# (Not the model hub's: they only say where a model loads from, and the server's is loaded; the vectors
+# name their model by its files' fingerprint.)
+ENV_PREFIXES = ("NUBOS_", "XDG_")
+ENV_NAMES = frozenset({"HOME", "TMPDIR"})
 ENV_IGNORED = frozenset({ROOT_ENV})
 
 
