@@ -465,6 +465,12 @@ def feed(scan: LogScan, data: bytes) -> int:
     return reader.finish(data, base)
 
 
+def note_redactions(scan: LogScan, data: bytes) -> None:
+    """Know the redactions of the whole lines of ``data`` (another log's, read with this one: a line they
+    name is never read, whichever log holds it)."""
+    _note_redactions(scan, data, len(data))
+
+
 def _note_redactions(scan: LogScan, data: bytes, end: int) -> None:
     """Know every redaction in ``data[:end]`` first: a line it names may come before it."""
     if data.find(b'"redact"', 0, end) != -1:

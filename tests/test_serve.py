@@ -498,7 +498,7 @@ from nubos_memory.interfaces import warm
 fast = warm.WarmMemory.warm_up
 def loading(self):
     fast(self)
-    os.environ["NUBOS_MEMORY_DEBUG"] = "1"  # a variable the server set itself, after it started
+    os.environ["NUBOS_MEMORY_ALLOW_DOWNLOADS"] = "0"  # a variable it compares, set by the server itself
 warm.WarmMemory.warm_up = loading
 from nubos_memory.interfaces.cli import main
 sys.exit(main(sys.argv[1:]))
@@ -507,7 +507,7 @@ sys.exit(main(sys.argv[1:]))
 
 def test_a_variable_the_server_set_itself_after_it_started_is_not_the_callers_environment(project):
     index_records(project, CORPUS)
-    env = {k: v for k, v in os.environ.items() if k != "NUBOS_MEMORY_DEBUG"}
+    env = {k: v for k, v in os.environ.items() if k != "NUBOS_MEMORY_ALLOW_DOWNLOADS"}
     proc = subprocess.Popen([sys.executable, "-c", SETS_A_VARIABLE, "memory-serve", "--root", str(project)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**env, "PYTHONPATH": str(REPO)})
@@ -521,3 +521,39 @@ def test_a_variable_the_server_set_itself_after_it_started_is_not_the_callers_en
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_variable_no_answer_reads_never_sends_a_caller_away(served):
+    root, proc = served
+    for env in ({"XDG_SESSION_ID": "7", "XDG_VTNR": "2"}, {"HF_HUB_OFFLINE": "0", "NUBOS_MEMORY_DEBUG": "1"}):
+        q = run_sub(["memory-query", "--root", str(root), "jwt"], env=env)
+        assert q.code == 0 and not any(w["code"] == "server-other-environment" for w in q.json["warnings"]), env
+    assert stop(proc)["served"] == 2
+
+
+def test_an_older_servers_answer_is_taken_never_run_again_here(project):
+    """A server from before ``ack`` answers a prepared request at once: that answer is the call's."""
+    import threading as th
+
+    from nubos_memory.interfaces import client
+
+    path = client.socket_path(project)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    os.chmod(path, 0o600)
+    listener.listen(1)
+
+    def older() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            client.recv_message(conn)
+            client.send_message(conn, {"code": 0, "stream": "stdout", "doc": {"answered": "by the server"}})
+
+    worker = th.Thread(target=older, daemon=True)
+    worker.start()
+    try:
+        answer, warning = client.forward("memory-add", {"root": str(project), "type": "learning", "title": "t"})
+        assert answer == (0, "stdout", {"answered": "by the server"}) and warning is None
+    finally:
+        worker.join(timeout=10)
+        listener.close()

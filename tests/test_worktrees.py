@@ -307,14 +307,51 @@ def test_the_saved_lexical_index_is_not_reused_when_another_worktree_changed(rep
     assert ids(query(repo["b"], "cherries", "--mode", "lexical"))[0] == theirs
 
 
-def test_a_secret_redacted_from_a_backup_in_one_worktree_leaves_a_new_record_of_its_id_in_another_live(repo):
+def test_a_copys_redact_line_retires_lines_by_hash_never_a_record_of_its_id_in_another_worktree(repo):
+    """What memory-redact writes for a line only a copy held (``"copy": true``): in every worktree, a
+    record of that id with other content stays live, and the line it names is read nowhere."""
+    from nubos_memory import Memory
+    from nubos_memory.fsio import dumps
+    from nubos_memory.log import line_hash, redact_op
+
     a, b = repo["a"], repo["b"]
-    assert index_records(a, [rec("leaked key", "sk-live-ZZSECRET", id="s")]).code == 0
-    assert run_cli(["memory-forget", "--root", str(a), "s"]).code == 0
-    assert run_cli(["memory-compact", "--root", str(a)]).code == 0
-    assert run_cli(["memory-redact", "--root", str(a), "s", "--reason", "leaked"]).json["redacted"] == ["s"]
-    assert index_records(b, [rec("new s", "clean content", id="s")]).json["added"] == 1  # (its own content)
-    for root in (a, b):
-        got = run_cli(["memory-get", "--root", str(root), "s"]).json["records"][0]
-        assert got["live"] and got["record"]["body"] == "clean content", (root, got)
+    secret_line = dumps({"id": "s", "type": "learning", "title": "leaked key", "body": "sk-live-ZZSECRET",
+                         "created_at": "2026-11-01T00:00:00Z"})
+    store = Memory.open(a).store
+    with store.lock("test"):
+        store.append([], [redact_op("s", line_hash(secret_line), "2026-11-24T00:00:00Z", "leaked", copy=True)])
+    clean_line = dumps({"id": "s", "type": "learning", "title": "new s", "body": "clean content",
+                        "created_at": "2026-11-02T00:00:00Z"})
+    memory_dir(b).mkdir(parents=True, exist_ok=True)
+    with (memory_dir(b) / "records.jsonl").open("ab") as f:  # a merge brought the line back into the other
+        f.write(secret_line + b"\n" + clean_line + b"\n")  # worktree's log, before a record of that id with
+    for root in (a, b):  # its own content, and no writer has run there since (reads never rewrite a log)
+        got = run_cli(["memory-get", "--root", str(root), "s", "--history"])
+        assert "ZZSECRET" not in got.out, (root, got.out)
+        assert got.json["records"][0]["live"] and got.json["records"][0]["record"]["body"] == "clean content"
         assert ids(query(root, "clean content")) == ["s"]
+
+
+def test_a_secret_another_worktrees_log_still_holds_is_never_read_after_a_redaction(repo):
+    a, b = repo["a"], repo["b"]
+    secret = "the token is SECRET-ZZ-123"
+    assert index_records(a, [rec("deploy token", secret, id="x-1")]).code == 0
+    git(a, "add", "-A")
+    git(a, "commit", "-q", "-m", "the note")
+    git(b, "merge", "-q", "a")  # the teammate's branch holds the line too
+    assert run_cli(["memory-redact", "--root", str(a), "x-1", "--reason", "leaked"]).json["redacted"] == ["x-1"]
+    for root in (a, b):
+        got = run_cli(["memory-get", "--root", str(root), "x-1"])
+        assert secret not in got.out and got.json["records"][0]["retired"]["reason"] == "redacted", (root, got.out)
+        assert secret not in query(root, "deploy token").out
+
+
+def test_a_forget_of_a_record_another_worktree_holds_survives_a_compaction(repo):
+    a, b = repo["a"], repo["b"]
+    assert index_records(a, [rec("deploy token", "old", id="x-2")]).code == 0
+    git(a, "add", "-A")
+    git(a, "commit", "-q", "-m", "the note")
+    git(b, "merge", "-q", "a")
+    assert run_cli(["memory-forget", "--root", str(a), "x-2"]).code == 0
+    assert run_cli(["memory-compact", "--root", str(a)]).code == 0
+    assert run_cli(["memory-get", "--root", str(a), "x-2"]).json["records"][0]["live"] is False

@@ -322,21 +322,23 @@ class Memory:
         self.store.prepare()
         with self.store.lock("memory-redact"):
             scan, _ = settled_scan(self.snap, self.store)
-            unknown = sorted(rid for rid in wanted if rid not in scan.position and rid not in scan.redacted)
-            copies = self.store.held_in_copies(set(unknown)) if unknown else {}  # forgotten, compacted away
-            unknown = [rid for rid in unknown if rid not in copies]
+            # (the copies: backups, torn bytes, other worktrees' logs; an id forgotten and compacted away is there)
+            copies = self.store.held_in_copies(wanted)
+            unknown = sorted(rid for rid in wanted if rid not in scan.position and rid not in scan.redacted
+                             and rid not in copies)
             if unknown:
                 raise InputError(f"no record has the id {unknown[0]!r}; nothing was redacted", code=codes.RECORD_NOT_FOUND,
                                  details={"ids": unknown[:50], "written": 0})
-            if copies:  # the log names what it redacts in the copies: a line a merge or an import brings back is
-                at = now_iso()  # never served, and a second call finds the id redacted (adr/0015)
-                self.store.append([], [redact_op(rid, h, at, reason, copy=True) for rid in sorted(copies)
-                                        for h in sorted(copies[rid])])
+            named = {rid: scan.redacted[rid]["hashes"] for rid in copies if rid in scan.redacted}
+            ops = [(rid, h) for rid in sorted(copies) for h in sorted(copies[rid]) if h not in named.get(rid, ())]
+            if ops:  # the log names what it redacts in the copies: a line a merge, an import or another worktree
+                at = now_iso()  # brings back is never read, and a second call finds the id redacted (adr/0015)
+                self.store.append([], [redact_op(rid, h, at, reason, copy=True) for rid, h in ops])
             keys = [content_hash(embed_text(r)) for r in scan.records if r["id"] in wanted]
             done = self.store.redact(wanted, reason, keys)
             self.snap.reset_lexical()
         rebuilt = self.rebuild()
-        redacted = sorted(set(done["ids"]) | set(copies))
+        redacted = sorted(set(done["ids"]) | {rid for rid, _ in ops})
         return {"redacted": redacted, "lines": done["lines"],
                 "already_redacted": sorted(wanted - set(redacted)), "rewritten": done["files"],
                 "rebuilt": rebuilt["count"], "git": purge_advice(self.project.root, self.store, redacted),

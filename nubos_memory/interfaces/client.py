@@ -259,12 +259,16 @@ def forward(name: str, request: dict[str, Any], progress: Callable[[str, int, in
         with sock:
             sock.settimeout(ACCEPT_TIMEOUT_S)
             send_message(sock, {"verb": name, "args": args, "env": environment(), "ack": True})
-            reply = recv_message(sock)  # {"accepted": true} before the server runs anything, or "fallback"
-            if not isinstance(reply, dict) or not reply.get("accepted"):
+            # {"accepted": true} before the server runs anything, or "fallback"; a server older than "ack"
+            # answers at once (its progress, or its answer: taken as such, never run here again)
+            reply = recv_message(sock)
+            if not isinstance(reply, dict) or reply.get("fallback") or not (
+                    reply.get("accepted") or "progress" in reply or "code" in reply):
                 return None, _not_taken(reply, path)
             sent = True
             sock.settimeout(None)  # a forwarded write may embed for a while
-            reply = recv_message(sock)
+            if reply.get("accepted"):
+                reply = recv_message(sock)
             while isinstance(reply, dict) and "progress" in reply and "code" not in reply:
                 if progress is not None:
                     progress(*reply["progress"])

@@ -384,8 +384,7 @@ def mcp_refusal(method: str, headers: Any, body: bytes) -> tuple[int, dict[str, 
                              "unasked (stateless MCP); POST JSON-RPC requests", {"path": MCP_PATH})
     if method != "POST":
         return None
-    kinds = [part.strip().lower() for part in (headers.get("content-type") or "").split(";")[0].split(",")]
-    if "application/json" not in kinds:
+    if not (headers.get("content-type") or "").lower().startswith("application/json"):  # (as the SDK reads it)
         return 400, envelope(codes.HTTP_INVALID_JSON, "an MCP request is JSON (Content-Type: application/json)")
     try:
         doc = loads(body) if body else None

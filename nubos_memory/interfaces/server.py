@@ -44,21 +44,29 @@ from pathlib import Path
 from typing import Any
 
 from .. import codes
+from ..config import (
+    DSN_ENV_SETTING,
+    EMBED_BASE_URL_ENV,
+    EMBED_KEY_ENV_SETTING,
+    GENERATOR_BASE_URL_ENV,
+    GENERATOR_KEY_ENV_SETTING,
+)
 from ..errors import InputError, UsageError, failure
 from ..fsio import DIR_MODE, FILE_MODE, dumps, loads
-from ..roots import ROOT_ENV, find_root
+from ..roots import find_root
+from ..trust import KEY_ENV
+from ..userdirs import DOWNLOADS_ENV, ENV_KEYS
 from .client import connect, environment, peer_uid, recv_frame, send_frame, socket_path
 from .verbs import VERBS, from_caller
 from .warm import WarmMemory, catch_up_forever
 
 LOCK_NAME = "serve.lock"
-# The environment variables a served answer reads (by prefix or by name; the root is checked apart), besides
-# those a setting names (``_named_variables``): a caller whose differ is answered by its own CLI.
-# (Not the model hub's: they only say where a model loads from, and the server's is loaded; the vectors
-# name their model by its files' fingerprint.)
-ENV_PREFIXES = ("NUBOS_", "XDG_")
-ENV_NAMES = frozenset({"HOME", "TMPDIR"})
-ENV_IGNORED = frozenset({ROOT_ENV})
+# The environment variables a served answer reads, besides those a setting names (``_named_variables``): where
+# the user's folders are (``userdirs.ENV_KEYS``), the signing key, downloads, the gateways' URLs and the names of
+# their keys' and the DSN's variables.  (Not the model hub's: they say where a model loads from, and the server's
+# is loaded; the vectors name their model by its files' fingerprint.  Not the root's: it is checked on its own.)
+ENV_READ = frozenset({*ENV_KEYS, KEY_ENV, DOWNLOADS_ENV, EMBED_BASE_URL_ENV, GENERATOR_BASE_URL_ENV,
+                      EMBED_KEY_ENV_SETTING, GENERATOR_KEY_ENV_SETTING, DSN_ENV_SETTING})
 
 
 def _named_variables(mem: Any) -> set[str]:
@@ -79,8 +87,7 @@ def same_environment(theirs: Any, mine: dict[str, str], mem: Any) -> bool:
         return True
     if not isinstance(theirs, dict):
         return False
-    names = {n for n in (*theirs, *mine) if isinstance(n, str) and (n.startswith(ENV_PREFIXES) or n in ENV_NAMES)}
-    return all(theirs.get(n) == mine.get(n) for n in (names | _named_variables(mem)) - ENV_IGNORED)
+    return all(theirs.get(n) == mine.get(n) for n in ENV_READ | _named_variables(mem))
 
 
 def _names_a_file(args: dict[str, Any]) -> bool:

@@ -46,7 +46,7 @@ from ..config import MEMORY_DIR, STATE_DIR
 from ..fsio import open_regular
 from ..gitcmd import run_git
 from ..limits import MAX_REASON
-from ..log import LogScan, classify, feed, restart
+from ..log import LogScan, classify, copied_lines, feed, note_redactions, read, restart
 from ..trust import file_sha256
 from .files import RECORDS, FileStore
 from .lexcache import LexicalCache
@@ -332,15 +332,19 @@ class WorktreeStore(FileStore):
             logs = []
             self._retired = {}
             for path in self._other_logs():
-                read = self._read_other(path)
-                if read is None:
+                got = self._read_other(path)
+                if got is None:
                     continue
-                data, st = read
+                data, st = got
                 signatures.append(_signature(path, st))
                 digest.update(f"{path}\0{len(data)}\0".encode())
                 digest.update(data)
                 logs.append((str(path.parent), data))
                 self._note_retirements(str(path.parent), data)
+                note_redactions(fresh, data)
+            own_log = self._read_other(self.log.path)
+            if own_log is not None:  # every log's redactions before any line: a line they name is read nowhere
+                note_redactions(fresh, own_log[0])
             for folder, data in logs:
                 start = len(fresh.records)
                 self._feed_other(fresh, data, folder)
@@ -362,6 +366,16 @@ class WorktreeStore(FileStore):
             # replaced between the lstat and the read: read everything again
         self._others_digest = digest.hexdigest()
         return fresh
+
+    def held_in_copies(self, ids: set[str]) -> dict[str, set[str]]:
+        """The file store's copies (backups, torn bytes) and the other worktrees' logs: this worktree cannot
+        rewrite those, so ``memory-redact`` names their lines in its own log and they are read nowhere."""
+        held = super().held_in_copies(ids)
+        others = [got[0].splitlines(keepends=True) for path in self._other_logs()
+                  if (got := self._read_other(path)) is not None]
+        for rid, hashes in copied_lines(others, ids).items():
+            held.setdefault(rid, set()).update(hashes)
+        return held
 
     def _note_retirements(self, folder: str, data: bytes) -> None:
         """The ids another worktree's log forgets or redacts (a forget of a record that lives in a log read
@@ -409,28 +423,34 @@ class WorktreeStore(FileStore):
     def _feed_other(scan: LogScan, data: bytes, folder: str) -> None:
         """Apply another worktree's lines; its problems name its folder (their line numbers are its own)."""
         before = {name: len(getattr(scan, name)) for name in _PROBLEM_LISTS}
+        present = len(scan.redacted_present)
         scan.applied = scan.size = scan.lines = 0
         scan.partial_tail = None
         feed(scan, data)  # a group still open at its end is a write in progress there: held back
         for name in _PROBLEM_LISTS:
             for item in getattr(scan, name)[before[name]:]:
                 item["worktree"] = folder
+        del scan.redacted_present[present:]  # (its lines are never read here; its own writer removes them)
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
         """``memory-compact`` compacts this worktree's log alone: its own live records (``records``, the
         caller's view of every worktree, is not written here), its redact lines (as every store's
-        rewrite), and its retirements of records that live in other worktrees (forget lines naming an id
-        this log holds no record of)."""
+        rewrite), and its forget lines of records another worktree's log holds and it keeps none of
+        (they stay retired: this log's own record of them is gone with the compaction)."""
         own = self.log.scan()
         live = [own.records[p] for p in range(len(own.records)) if p not in own.dead]
+        kept_ids = {r["id"] for r in live}
+        elsewhere = {rid for path in self._other_logs() if (got := self._read_other(path)) is not None
+                     for rid in read(got[0]).position}
         kept = []
         for line in self.export_lines():
             kind, obj, _ = classify(line.rstrip(b"\r\n"))
-            if kind == "forget" and obj["id"] not in own.position:
+            if kind == "forget" and obj["id"] not in kept_ids and obj["id"] in elsewhere:
                 kept.append(obj)
         done = super().rewrite(live)
         if kept:
             self.append([], kept)
+            done["bytes"]["after"] = self.log.path.stat().st_size
         return done
 
     # -- the lock ------------------------------------------------------------------------------
