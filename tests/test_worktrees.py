@@ -355,3 +355,51 @@ def test_a_forget_of_a_record_another_worktree_holds_survives_a_compaction(repo)
     assert run_cli(["memory-forget", "--root", str(a), "x-2"]).code == 0
     assert run_cli(["memory-compact", "--root", str(a)]).code == 0
     assert run_cli(["memory-get", "--root", str(a), "x-2"]).json["records"][0]["live"] is False
+
+
+def test_redacting_a_record_only_another_worktree_holds_takes_it_out_of_the_open_memory_at_once(repo):
+    from nubos_memory import Memory
+
+    a, b = repo["a"], repo["b"]
+    secret = "the token is SECRET-ZZ-123"
+    assert index_records(b, [rec("deploy token", secret, id="x-1")]).code == 0
+    mem = Memory.open(a)  # a warm process that read b's line as live before the redaction
+    assert [h["id"] for h in mem.query("deploy token")["hits"]] == ["x-1"]
+    assert mem.redact(["x-1"], reason="leaked")["redacted"] == ["x-1"]
+    assert mem.query("deploy token")["hits"] == [] and secret not in json.dumps(mem.get(["x-1"], history=True))
+    stats = run_cli(["memory-stats", "--root", str(a)]).json
+    assert stats["consistency"]["consistent"], stats["consistency"]  # the rebuild read the same state
+    assert secret not in run_cli(["memory-get", "--root", str(b), "x-1", "--history"]).out
+
+
+def test_a_record_re_added_after_a_redaction_in_another_worktree_stays_live_in_both(repo):
+    a, b = repo["a"], repo["b"]
+    secrets = [rec("deploy token", f"the token is SECRET-ZZ-{i}", id=f"x-{i}") for i in (1, 2)]
+    assert index_records(b, secrets).code == 0
+    assert run_cli(["memory-redact", "--root", str(a), "x-1", "x-2", "--reason", "leaked"]).code == 0
+    assert index_records(b, [rec("other note", "b writes again")]).code == 0  # b's writer removes its lines
+    assert index_records(a, [rec("deploy token", "in the vault now (a)", id="x-1")]).code == 0
+    assert index_records(b, [rec("deploy token", "in the vault now (b)", id="x-2")]).code == 0
+    for root in (a, b):
+        for rid in ("x-1", "x-2"):
+            got = run_cli(["memory-get", "--root", str(root), rid, "--history"])
+            record = got.json["records"][0]
+            assert record["live"] and "vault" in record["record"]["body"], (root.name, rid, record)
+            assert "SECRET-ZZ" not in got.out
+
+
+def test_a_worktree_compaction_keeps_a_re_added_record_and_the_pins(repo):
+    a, b = repo["a"], repo["b"]
+    assert index_records(a, [rec("deploy token", "OLDCONTENT", id="s"), rec("pinned note", id="p-1")]).code == 0
+    git(a, "add", "-A")
+    git(a, "commit", "-q", "-m", "notes")
+    git(b, "merge", "-q", "a")
+    assert run_cli(["memory-forget", "--root", str(a), "s"]).code == 0
+    assert index_records(a, [rec("deploy token", "NEWCONTENT", id="s")]).code == 0
+    assert run_cli(["memory-pin", "--root", str(a), "p-1"]).code == 0
+    assert run_cli(["memory-compact", "--root", str(a)]).code == 0
+    for root in (a, b):
+        got = run_cli(["memory-get", "--root", str(root), "s"]).json["records"][0]
+        assert got["live"] and got["record"]["body"] == "NEWCONTENT", (root.name, got)
+    again = run_cli(["memory-pin", "--root", str(a), "p-1"]).json  # still hot: nothing to change
+    assert again["unchanged"] == ["p-1"] and again["pinned"] == [], again

@@ -233,6 +233,11 @@ class FileStore(LocalDerivedState):
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
         """Under the lock: the current log is kept as ``records.jsonl.bak-<time>`` (a hard link, so not a
         byte is lost), and a new file with ``records`` and the log's ``redact`` lines replaces it atomically."""
+        return self._rewrite(records)
+
+    def _rewrite(self, records: "Sequence[Record]", head: Sequence[dict[str, Any]] = (),
+                 tail: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+        """:meth:`rewrite`, with ``head``'s operation lines before the records and ``tail``'s after them."""
         path = self.log.path
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         backup = path.with_name(f"{RECORDS}.bak-{stamp}")
@@ -245,7 +250,7 @@ class FileStore(LocalDerivedState):
                 shutil.copy2(path, backup)
         crash_point("compact-backup-made")
         self.log.drop_checkpoint()
-        atomic_write_bytes(path, b"".join(dumps(r) + b"\n" for r in [*records, *kept]))
+        atomic_write_bytes(path, b"".join(dumps(r) + b"\n" for r in [*head, *records, *kept, *tail]))
         self.log.drop_checkpoint()
         self.lexcache.invalidate()
         return {"backup": backup.name if before else None, "bytes": {"before": before, "after": path.stat().st_size}}

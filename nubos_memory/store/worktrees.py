@@ -46,7 +46,7 @@ from ..config import MEMORY_DIR, STATE_DIR
 from ..fsio import open_regular
 from ..gitcmd import run_git
 from ..limits import MAX_REASON
-from ..log import LogScan, classify, copied_lines, feed, note_redactions, read, restart
+from ..log import LogScan, classify, copied_lines, feed, hot_record, note_redactions, pin_op, read, restart
 from ..trust import file_sha256
 from .files import RECORDS, FileStore
 from .lexcache import LexicalCache
@@ -256,6 +256,11 @@ def _signature(path: Path, st: os.stat_result) -> tuple[str, int, int, int, int]
     return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def _redactions(scan: LogScan) -> int:
+    """How many lines the redactions a state knows name."""
+    return sum(len(info["hashes"]) for info in scan.redacted.values())
+
+
 class WorktreeStore(FileStore):
     """This worktree's memory folder, reading the other worktrees' logs too (see the module docstring)."""
 
@@ -313,10 +318,13 @@ class WorktreeStore(FileStore):
         else:
             scan.cursor = cursor.own
         start = len(scan.records)
+        named = _redactions(scan)
         result = self.log.refresh(scan)
         if result is scan:
             self._retire_across(scan, start, None)
-        if result is not scan:  # this worktree's log was replaced (memory-compact, memory-redact): read all
+        # replaced (memory-compact, memory-redact), or new redactions: a line they name in a log read before
+        # (another worktree's) was read as live: read all, every log's redactions first
+        if result is not scan or _redactions(scan) != named:
             scan.cursor = cursor
             return self._read_all(scan)
         own = scan.cursor if isinstance(scan.cursor, FileCursor) else None
@@ -378,16 +386,17 @@ class WorktreeStore(FileStore):
         return held
 
     def _note_retirements(self, folder: str, data: bytes) -> None:
-        """The ids another worktree's log forgets or redacts (a forget of a record that lives in a log read
-        after it would otherwise find nothing to retire)."""
-        if b'"forget"' not in data and b'"redact"' not in data:
+        """The ids another worktree's log forgets (a forget of a record that lives in a log read after it
+        would otherwise find nothing to retire).  Not its redactions: they name lines, and every log's are
+        known before any line is read (``_read_all``), so a new record of the same id stays live."""
+        if b'"forget"' not in data:
             return
         for raw in data.split(b"\n"):
-            if b'"op"' in raw and (b'"forget"' in raw or b'"redact"' in raw):
+            if b'"op"' in raw and b'"forget"' in raw:
                 kind, obj, _ = classify(raw)
-                if kind == "forget" or (kind == "redact" and obj.get("copy") is not True):  # (a copy's: by hash)
-                    self._retired[obj["id"]] = (folder, {"reason": "redacted" if kind == "redact" else
-                                                         obj.get("reason") or "forgotten", "at": obj.get("at")})
+                if kind == "forget":
+                    self._retired[obj["id"]] = (folder, {"reason": obj.get("reason") or "forgotten",
+                                                         "at": obj.get("at")})
 
     def _retire_across(self, scan: LogScan, start: int, folder: str | None) -> None:
         """Records read from ``folder``'s log (None: this worktree's) from ``start`` on that another
@@ -434,24 +443,21 @@ class WorktreeStore(FileStore):
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
         """``memory-compact`` compacts this worktree's log alone: its own live records (``records``, the
-        caller's view of every worktree, is not written here), its redact lines (as every store's
-        rewrite), and its forget lines of records another worktree's log holds and it keeps none of
-        (they stay retired: this log's own record of them is gone with the compaction)."""
+        caller's view of every worktree, is not written here), pinned as they were, its redact lines
+        (as every store's rewrite), and, first, its forget lines of records another worktree's log
+        holds (they stay retired there; a record of that id re-added here, after them, stays live)."""
         own = self.log.scan()
-        live = [own.records[p] for p in range(len(own.records)) if p not in own.dead]
-        kept_ids = {r["id"] for r in live}
+        live = [hot_record(own, p) for p in range(len(own.records)) if p not in own.dead]  # (pins kept)
         elsewhere = {rid for path in self._other_logs() if (got := self._read_other(path)) is not None
                      for rid in read(got[0]).position}
         kept = []
         for line in self.export_lines():
             kind, obj, _ = classify(line.rstrip(b"\r\n"))
-            if kind == "forget" and obj["id"] not in kept_ids and obj["id"] in elsewhere:
+            if kind == "forget" and obj["id"] in elsewhere:
                 kept.append(obj)
-        done = super().rewrite(live)
-        if kept:
-            self.append([], kept)
-            done["bytes"]["after"] = self.log.path.stat().st_size
-        return done
+        # (the forgets before the records: a record re-added here stays live; the pins as pin lines too: a
+        # record another worktree's log holds as well is read from there first, without this line's field)
+        return self._rewrite(live, head=kept, tail=[pin_op(own.records[p]["id"], True) for p in own.hot_positions()])
 
     # -- the lock ------------------------------------------------------------------------------
     @contextmanager
