@@ -403,3 +403,36 @@ def test_a_worktree_compaction_keeps_a_re_added_record_and_the_pins(repo):
         assert got["live"] and got["record"]["body"] == "NEWCONTENT", (root.name, got)
     again = run_cli(["memory-pin", "--root", str(a), "p-1"]).json  # still hot: nothing to change
     assert again["unchanged"] == ["p-1"] and again["pinned"] == [], again
+
+
+def test_a_worktree_compaction_keeps_its_lines_as_they_were_so_a_redaction_elsewhere_still_names_them(repo):
+    from nubos_memory import Memory
+
+    a, b = repo["a"], repo["b"]
+    secret = "the token is SECRET-WW-777"
+    assert index_records(a, [rec("deploy token", secret, id="s")]).code == 0
+    assert run_cli(["memory-pin", "--root", str(a), "s"]).code == 0
+    git(a, "add", "-A")
+    git(a, "commit", "-q", "-m", "notes")
+    git(b, "merge", "-q", "a")
+    mem = Memory.open(a)
+    assert mem.query("deploy token")["hits"]
+    assert run_cli(["memory-redact", "--root", str(b), "s", "--reason", "leaked"]).code == 0
+    mem.compact()  # (under its lock this worktree does not read the others: it must not write s anew)
+    for root in (a, b):
+        got = run_cli(["memory-get", "--root", str(root), "s", "--history"])
+        assert secret not in got.out and not got.json["records"][0]["live"], (root.name, got.out)
+
+
+def test_a_worktree_compaction_keeps_pins_and_unpins_made_anywhere(repo):
+    a, b = repo["a"], repo["b"]
+    assert index_records(a, [rec("hot by its field", id="r", hot=True)]).code == 0
+    git(a, "add", "-A")
+    git(a, "commit", "-q", "-m", "notes")
+    git(b, "merge", "-q", "a")
+    assert index_records(b, [rec("b's own note", id="p-1")]).code == 0
+    assert run_cli(["memory-unpin", "--root", str(b), "r"]).code == 0  # unpinned in the other worktree
+    assert run_cli(["memory-pin", "--root", str(a), "p-1"]).code == 0  # a pin of the other worktree's record
+    assert run_cli(["memory-compact", "--root", str(a)]).code == 0
+    assert run_cli(["memory-unpin", "--root", str(a), "r"]).json["unchanged"] == ["r"]  # still unpinned
+    assert run_cli(["memory-pin", "--root", str(a), "p-1"]).json["unchanged"] == ["p-1"]  # still pinned

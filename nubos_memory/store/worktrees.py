@@ -46,7 +46,7 @@ from ..config import MEMORY_DIR, STATE_DIR
 from ..fsio import open_regular
 from ..gitcmd import run_git
 from ..limits import MAX_REASON
-from ..log import LogScan, classify, copied_lines, feed, hot_record, note_redactions, pin_op, read, restart
+from ..log import LogScan, classify, copied_lines, feed, note_redactions, pin_op, read, restart
 from ..trust import file_sha256
 from .files import RECORDS, FileStore
 from .lexcache import LexicalCache
@@ -443,21 +443,26 @@ class WorktreeStore(FileStore):
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
         """``memory-compact`` compacts this worktree's log alone: its own live records (``records``, the
-        caller's view of every worktree, is not written here), pinned as they were, its redact lines
-        (as every store's rewrite), and, first, its forget lines of records another worktree's log
-        holds (they stay retired there; a record of that id re-added here, after them, stays live)."""
+        caller's view of every worktree, is not written here) as their lines were (a redaction names a line
+        by its bytes: one rewritten otherwise, e.g. with a pin in its ``hot`` field, would be a line no
+        redaction names), its redact lines (as every store's rewrite), first its forget lines of records
+        another worktree's log holds (they stay retired there; a record of that id re-added here, after
+        them, stays live), and last the pin state as op lines: where a record's own pins or unpins changed
+        its line's ``hot``, and its pin and unpin lines of records another worktree's log holds."""
         own = self.log.scan()
-        live = [hot_record(own, p) for p in range(len(own.records)) if p not in own.dead]  # (pins kept)
+        live = [p for p in range(len(own.records)) if p not in own.dead]
         elsewhere = {rid for path in self._other_logs() if (got := self._read_other(path)) is not None
                      for rid in read(got[0]).position}
-        kept = []
+        head, theirs = [], []
         for line in self.export_lines():
             kind, obj, _ = classify(line.rstrip(b"\r\n"))
             if kind == "forget" and obj["id"] in elsewhere:
-                kept.append(obj)
-        # (the forgets before the records: a record re-added here stays live; the pins as pin lines too: a
-        # record another worktree's log holds as well is read from there first, without this line's field)
-        return self._rewrite(live, head=kept, tail=[pin_op(own.records[p]["id"], True) for p in own.hot_positions()])
+                head.append(obj)
+            elif kind in ("pin", "unpin") and obj["id"] in elsewhere and obj["id"] not in own.position:
+                theirs.append(obj)
+        pins = [pin_op(own.records[p]["id"], p in own.hot) for p in live
+                if (p in own.hot) != (own.records[p].get("hot") is True)]
+        return self._rewrite([own.records[p] for p in live], head=head, tail=[*theirs, *pins])
 
     # -- the lock ------------------------------------------------------------------------------
     @contextmanager
