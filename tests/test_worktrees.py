@@ -405,12 +405,13 @@ def test_a_worktree_compaction_keeps_a_re_added_record_and_the_pins(repo):
     assert again["unchanged"] == ["p-1"] and again["pinned"] == [], again
 
 
-def test_a_worktree_compaction_keeps_its_lines_as_they_were_so_a_redaction_elsewhere_still_names_them(repo):
+@pytest.mark.parametrize("extra", [{}, {"domain": "ops"}, {"hot": True}])  # (fields a re-serialised line reorders)
+def test_a_worktree_compaction_never_writes_anew_a_line_a_redaction_elsewhere_names(repo, extra):
     from nubos_memory import Memory
 
     a, b = repo["a"], repo["b"]
     secret = "the token is SECRET-WW-777"
-    assert index_records(a, [rec("deploy token", secret, id="s")]).code == 0
+    assert index_records(a, [rec("deploy token", secret, id="s", **extra)]).code == 0
     assert run_cli(["memory-pin", "--root", str(a), "s"]).code == 0
     git(a, "add", "-A")
     git(a, "commit", "-q", "-m", "notes")
@@ -436,3 +437,17 @@ def test_a_worktree_compaction_keeps_pins_and_unpins_made_anywhere(repo):
     assert run_cli(["memory-compact", "--root", str(a)]).code == 0
     assert run_cli(["memory-unpin", "--root", str(a), "r"]).json["unchanged"] == ["r"]  # still unpinned
     assert run_cli(["memory-pin", "--root", str(a), "p-1"]).json["unchanged"] == ["p-1"]  # still pinned
+
+
+
+@pytest.mark.parametrize("first, then", [("unpin", "pin"), ("pin", "unpin")])
+def test_a_pin_state_set_across_worktrees_survives_a_compaction(repo, first, then):
+    a, b = repo["a"], repo["b"]
+    assert index_records(a, [rec("release checklist", id="r", hot=first == "unpin")]).code == 0
+    git(a, "add", "-A")
+    git(a, "commit", "-q", "-m", "notes")
+    git(b, "merge", "-q", "a")
+    assert run_cli([f"memory-{first}", "--root", str(b), "r"]).json[f"{first}ned"] == ["r"]  # the other worktree
+    assert run_cli([f"memory-{then}", "--root", str(a), "r"]).json[f"{then}ned"] == ["r"]  # then this one
+    assert run_cli(["memory-compact", "--root", str(a)]).code == 0
+    assert run_cli([f"memory-{then}", "--root", str(a), "r"]).json["unchanged"] == ["r"]  # as it was set last

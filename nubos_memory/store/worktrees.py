@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import codes
 from ..config import MEMORY_DIR, STATE_DIR
-from ..fsio import open_regular
+from ..fsio import open_regular, read_regular
 from ..gitcmd import run_git
 from ..limits import MAX_REASON
-from ..log import LogScan, classify, copied_lines, feed, note_redactions, pin_op, read, restart
+from ..log import LogScan, classify, copied_lines, feed, line_hash, note_redactions, pin_op, read, restart
 from ..trust import file_sha256
 from .files import RECORDS, FileStore
 from .lexcache import LexicalCache
@@ -443,26 +443,33 @@ class WorktreeStore(FileStore):
 
     def rewrite(self, records: "Sequence[Record]") -> dict[str, Any]:
         """``memory-compact`` compacts this worktree's log alone: its own live records (``records``, the
-        caller's view of every worktree, is not written here) as their lines were (a redaction names a line
-        by its bytes: one rewritten otherwise, e.g. with a pin in its ``hot`` field, would be a line no
-        redaction names), its redact lines (as every store's rewrite), first its forget lines of records
-        another worktree's log holds (they stay retired there; a record of that id re-added here, after
-        them, stays live), and last the pin state as op lines: where a record's own pins or unpins changed
-        its line's ``hot``, and its pin and unpin lines of records another worktree's log holds."""
+        caller's view of every worktree, is not written here) but those whose line another worktree's
+        redaction names (under the write lock this worktree does not read the others: a record written
+        anew, its keys reordered, would be a line that redaction no longer names), its redact lines (as
+        every store's rewrite), first its forget lines of records another worktree's log holds (they stay
+        retired there; a record of that id re-added here, after them, stays live), and last the pin
+        state: its pin and unpin lines of records another worktree's log holds too, in their order (there
+        the state starts from that log's line), else a pin or unpin where its own changed a line's ``hot``."""
         own = self.log.scan()
-        live = [p for p in range(len(own.records)) if p not in own.dead]
-        elsewhere = {rid for path in self._other_logs() if (got := self._read_other(path)) is not None
-                     for rid in read(got[0]).position}
-        head, theirs = [], []
-        for line in self.export_lines():
-            kind, obj, _ = classify(line.rstrip(b"\r\n"))
+        try:
+            lines = read_regular(self.log.path).split(b"\n")  # (numbered as the log's reader numbers them)
+        except FileNotFoundError:
+            lines = []
+        theirs = [read(got[0]) for path in self._other_logs() if (got := self._read_other(path)) is not None]
+        elsewhere = {rid for other in theirs for rid in other.position}
+        named = {(rid, h) for other in theirs for rid, info in other.redacted.items() for h in info["hashes"]}
+        live = [p for p in range(len(own.records)) if p not in own.dead
+                and (own.records[p]["id"], line_hash(lines[own.line_of[p] - 1])) not in named]
+        head, ops = [], []
+        for line in lines:
+            kind, obj, _ = classify(line.rstrip(b"\r"))
             if kind == "forget" and obj["id"] in elsewhere:
                 head.append(obj)
-            elif kind in ("pin", "unpin") and obj["id"] in elsewhere and obj["id"] not in own.position:
-                theirs.append(obj)
-        pins = [pin_op(own.records[p]["id"], p in own.hot) for p in live
-                if (p in own.hot) != (own.records[p].get("hot") is True)]
-        return self._rewrite([own.records[p] for p in live], head=head, tail=[*theirs, *pins])
+            elif kind in ("pin", "unpin") and obj["id"] in elsewhere:
+                ops.append(obj)
+        ops += [pin_op(own.records[p]["id"], p in own.hot) for p in live
+                if own.records[p]["id"] not in elsewhere and (p in own.hot) != (own.records[p].get("hot") is True)]
+        return self._rewrite([own.records[p] for p in live], head=head, tail=ops)
 
     # -- the lock ------------------------------------------------------------------------------
     @contextmanager
