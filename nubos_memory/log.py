@@ -11,8 +11,9 @@ The log's format, one JSON document per line (adr/0008)::
     {"op": "rollback", "gid": G}                               ... or was abandoned by a crashed writer
     {"op": "redact", "id": "X", "line_sha256": H, "at", "reason"}  in place of a record line whose text was
                                                                removed (``memory-redact``); with "copy": true,
-                                                               for a line only a backup held (it retires no
-                                                               record by its id, only lines with that hash)
+                                                               for a line only a copy held (a backup, another
+                                                               worktree's log): it retires no record by its
+                                                               id, only lines with that hash
     {"op": "anchor", "id": "X", "anchors": [...], "at": "..."}  where X's cited code is now (``memory-verify``)
     {"op": "pin", "id": "X", "at": "..."}                      X is hot (``memory-pin``) ...
     {"op": "unpin", "id": "X", "at": "..."}                    ... or no longer (``memory-unpin``)

@@ -20,7 +20,7 @@ from nubos_memory.store import open_store, scope
 from nubos_memory.store.worktrees import WorktreeStore
 
 from . import test_store_contract as contract
-from .conftest import index_records, memory_dir, query, rec, run_cli, write_config
+from .conftest import index_records, memory_dir, query, rec, run_cli, run_sub, write_config
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_NOSYSTEM": "1"}
@@ -451,3 +451,22 @@ def test_a_pin_state_set_across_worktrees_survives_a_compaction(repo, first, the
     assert run_cli([f"memory-{then}", "--root", str(a), "r"]).json[f"{then}ned"] == ["r"]  # then this one
     assert run_cli(["memory-compact", "--root", str(a)]).code == 0
     assert run_cli([f"memory-{then}", "--root", str(a), "r"]).json["unchanged"] == ["r"]  # as it was set last
+
+
+def test_a_compaction_never_pins_a_re_added_record_nor_one_a_rolled_back_pin_named(repo):
+    a, b = repo["a"], repo["b"]
+    assert index_records(a, [rec("deploy token", "OLDCONTENT", id="s"), rec("one", id="r1"), rec("two", id="r2")]
+                         ).code == 0
+    git(a, "add", "-A")
+    git(a, "commit", "-q", "-m", "notes")
+    git(b, "merge", "-q", "a")
+    assert run_cli(["memory-pin", "--root", str(a), "s"]).code == 0  # the old version pinned ...
+    assert run_cli(["memory-forget", "--root", str(a), "s"]).code == 0
+    assert index_records(a, [rec("deploy token", "NEWCONTENT", id="s")]).code == 0  # ... not the new one
+    crashed = run_sub(["memory-pin", "--root", str(a), "r1", "r2"], env={"NUBOS_MEMORY_CRASH_AT": "append-torn"})
+    assert crashed.code != 0  # a pin of two records torn mid-write: rolled back by the next writer
+    assert index_records(a, [rec("a later note")]).code == 0
+    assert run_cli(["memory-compact", "--root", str(a)]).code == 0
+    for root in (a, b):
+        for rid in ("s", "r1", "r2"):
+            assert run_cli(["memory-unpin", "--root", str(root), rid]).json["unchanged"] == [rid], (root.name, rid)

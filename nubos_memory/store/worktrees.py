@@ -447,9 +447,10 @@ class WorktreeStore(FileStore):
         redaction names (under the write lock this worktree does not read the others: a record written
         anew, its keys reordered, would be a line that redaction no longer names), its redact lines (as
         every store's rewrite), first its forget lines of records another worktree's log holds (they stay
-        retired there; a record of that id re-added here, after them, stays live), and last the pin
-        state: its pin and unpin lines of records another worktree's log holds too, in their order (there
-        the state starts from that log's line), else a pin or unpin where its own changed a line's ``hot``."""
+        retired there; a record of that id re-added here, after them, stays live), a pin or unpin where
+        its own changed a line's ``hot``; then, read again with every log, a pin or unpin line for each
+        record whose pin state is not the one ``records`` say (a record another log holds too starts from
+        that log's line and pin lines, which no line of this log's could be copied to reproduce)."""
         own = self.log.scan()
         try:
             lines = read_regular(self.log.path).split(b"\n")  # (numbered as the log's reader numbers them)
@@ -460,16 +461,21 @@ class WorktreeStore(FileStore):
         named = {(rid, h) for other in theirs for rid, info in other.redacted.items() for h in info["hashes"]}
         live = [p for p in range(len(own.records)) if p not in own.dead
                 and (own.records[p]["id"], line_hash(lines[own.line_of[p] - 1])) not in named]
-        head, ops = [], []
+        head = []
         for line in lines:
             kind, obj, _ = classify(line.rstrip(b"\r"))
             if kind == "forget" and obj["id"] in elsewhere:
                 head.append(obj)
-            elif kind in ("pin", "unpin") and obj["id"] in elsewhere:
-                ops.append(obj)
-        ops += [pin_op(own.records[p]["id"], p in own.hot) for p in live
-                if own.records[p]["id"] not in elsewhere and (p in own.hot) != (own.records[p].get("hot") is True)]
-        return self._rewrite([own.records[p] for p in live], head=head, tail=ops)
+        pins = [pin_op(own.records[p]["id"], p in own.hot) for p in live
+                if (p in own.hot) != (own.records[p].get("hot") is True)]
+        done = self._rewrite([own.records[p] for p in live], head=head, tail=pins)
+        after = self._read_all(None)
+        fix = [pin_op(r["id"], r.get("hot") is True) for r in records
+               if (pos := after.live(r["id"])) is not None and (pos in after.hot) != (r.get("hot") is True)]
+        if fix:
+            self.append([], fix)
+            done["bytes"]["after"] = self.log.path.stat().st_size
+        return done
 
     # -- the lock ------------------------------------------------------------------------------
     @contextmanager
