@@ -470,3 +470,18 @@ def test_a_compaction_never_pins_a_re_added_record_nor_one_a_rolled_back_pin_nam
     for root in (a, b):
         for rid in ("s", "r1", "r2"):
             assert run_cli(["memory-unpin", "--root", str(root), rid]).json["unchanged"] == [rid], (root.name, rid)
+
+
+@pytest.mark.parametrize("change", ["pin", "unpin"])
+def test_a_long_lived_memory_compacting_keeps_a_pin_change_the_other_worktree_made_since_it_read(repo, change):
+    from nubos_memory import Memory
+
+    a, b = repo["a"], repo["b"]
+    assert index_records(a, [rec("x title", "body of x", id="x")]).code == 0
+    assert index_records(b, [rec("z title", "body of z", id="z", hot=change == "unpin")]).code == 0
+    mem = Memory.open(a)  # memory-serve's, say: it read every log with this query
+    assert mem.query("body")["hits"]
+    assert run_cli([f"memory-{change}", "--root", str(b), "z"]).json[f"{change}ned"] == ["z"]
+    mem.compact()  # (under its lock it does not read the other logs: its view of z is the old one)
+    for root in (a, b):
+        assert run_cli([f"memory-{change}", "--root", str(root), "z"]).json["unchanged"] == ["z"], root.name

@@ -449,8 +449,10 @@ class WorktreeStore(FileStore):
         every store's rewrite), first its forget lines of records another worktree's log holds (they stay
         retired there; a record of that id re-added here, after them, stays live), a pin or unpin where
         its own changed a line's ``hot``; then, read again with every log, a pin or unpin line for each
-        record whose pin state is not the one ``records`` say (a record another log holds too starts from
-        that log's line and pin lines, which no line of this log's could be copied to reproduce)."""
+        record whose pin state is not what every log said before the rewrite (a record another log holds
+        too starts from that log's line and pin lines, which no line of this log's could be copied to
+        reproduce)."""
+        was = self._read_all(None)  # every log now (under the lock the caller's view skipped the others)
         own = self.log.scan()
         try:
             lines = read_regular(self.log.path).split(b"\n")  # (numbered as the log's reader numbers them)
@@ -470,8 +472,10 @@ class WorktreeStore(FileStore):
                 if (p in own.hot) != (own.records[p].get("hot") is True)]
         done = self._rewrite([own.records[p] for p in live], head=head, tail=pins)
         after = self._read_all(None)
-        fix = [pin_op(r["id"], r.get("hot") is True) for r in records
-               if (pos := after.live(r["id"])) is not None and (pos in after.hot) != (r.get("hot") is True)]
+        hot = {was.records[p]["id"] for p in was.hot_positions()}
+        fix = [pin_op(rid, rid in hot) for rid in sorted({was.records[p]["id"] for p in range(len(was.records))
+                                                          if p not in was.dead})
+               if (pos := after.live(rid)) is not None and (pos in after.hot) != (rid in hot)]
         if fix:
             self.append([], fix)
             done["bytes"]["after"] = self.log.path.stat().st_size
