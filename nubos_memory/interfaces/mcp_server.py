@@ -52,6 +52,7 @@ from ..errors import UsageError
 from ..fsio import dumps
 from ..limits import MAX_ECHO
 from ..params import ID, ONE_LINE, TAG, Param, Text
+from ..records import echo
 from ..types import (
     AddResult,
     ContextResult,
@@ -551,7 +552,7 @@ def unknown_method(message: Any) -> "JSONRPCMessage | None":
     from mcp_types import METHOD_NOT_FOUND, JSONRPCRequest
 
     if isinstance(message, JSONRPCRequest) and len(message.method) > MAX_ECHO:
-        return rpc_error(message.id, METHOD_NOT_FOUND, "Method not found", message.method[:MAX_ECHO - 1] + "…")
+        return rpc_error(message.id, METHOD_NOT_FOUND, "Method not found", echo(message.method))
     return None
 
 

@@ -75,7 +75,7 @@ def _named_variables(mem: Any) -> set[str]:
 
     try:
         return {gateway_key_env(mem.config), generator_key_env(mem.config), dsn_env_name()}
-    except Exception:  # noqa: BLE001 - unreadable user settings: the variables by prefix and name only
+    except Exception:  # noqa: BLE001 - unreadable user settings: the declared variables only (ENV_READ)
         return set()
 
 
