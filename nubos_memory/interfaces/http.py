@@ -684,13 +684,10 @@ def build_app(service: Service, guard: Guard, *, mcp: bool = True, max_body: int
         from .mcp_server import build_server
 
         server, _ = build_server(str(service.warm.root), service.warm)
-        names = sorted(guard.hosts)
         # (the guard in front checks Host and Origin for every path, /mcp too, in the one envelope; the SDK's own
         # check compared Host case-sensitively and answered in plain text)
-        security = TransportSecuritySettings(
-            enable_dns_rebinding_protection=False, allowed_hosts=[f"{h}:{guard.port}" for h in names],
-            allowed_origins=[f"http://{h}:{guard.port}" for h in names])
-        mcp_app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True,
+        security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        mcp_app = server.streamable_http_app(streamable_http_path=MCP_PATH, stateless_http=True, json_response=True,
                                              max_request_body_size=HTTP_MAX_BODY, transport_security=security)
         routes += list(mcp_app.routes)
         manager = server.session_manager

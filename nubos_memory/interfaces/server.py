@@ -39,7 +39,6 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +188,7 @@ class Server:
                             gone.set()
 
                 wanted = VERBS[name].long and args.get("progress") in ("bar", "json")
-                code, stream, doc = self._answer(name, args, report if wanted else None)
+                code, stream, doc = self.warm.answer(name, args, report if wanted else None)
                 reply = {"code": code, "stream": stream, "doc": doc}
             try:
                 conn.settimeout(None)
@@ -238,7 +237,7 @@ class Server:
             return False
         request["root"] = str(self.root)
         accept(verb.writes)
-        answer(cli.prepared(name, request, cwd) or self._answer(name, request))
+        answer(cli.prepared(name, request, cwd) or self.warm.answer(name, request))
         return True
 
     def _ours(self, given: Any, cwd: str) -> bool:
@@ -250,12 +249,6 @@ class Server:
             return find_root(str(given), cwd=Path(cwd)) == self.root
         except Exception:  # noqa: BLE001 - not a folder: the CLI says so
             return False
-
-    def _answer(self, name: str, request: dict[str, Any],
-                progress: Callable[[str, int, int], None] | None = None) -> tuple[int, str, Any]:
-        """The verb's answer; a failure to take the memory (its config turned invalid since) is the
-        answer's error too, as the CLI's would be, never a dropped connection."""
-        return self.warm.answer(name, request, progress)
 
     def _serve_one(self, conn: socket.socket) -> None:
         answered = False

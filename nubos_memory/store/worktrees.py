@@ -375,12 +375,15 @@ class WorktreeStore(FileStore):
         self._others_digest = digest.hexdigest()
         return fresh
 
+    def _others(self) -> list[bytes]:
+        """The other worktrees' logs that can be read now (their whole lines)."""
+        return [got[0] for path in self._other_logs() if (got := self._read_other(path)) is not None]
+
     def held_in_copies(self, ids: set[str]) -> dict[str, set[str]]:
         """The file store's copies (backups, torn bytes) and the other worktrees' logs: this worktree cannot
         rewrite those, so ``memory-redact`` names their lines in its own log and they are read nowhere."""
         held = super().held_in_copies(ids)
-        others = [got[0].splitlines(keepends=True) for path in self._other_logs()
-                  if (got := self._read_other(path)) is not None]
+        others = [data.splitlines(keepends=True) for data in self._others()]
         for rid, hashes in copied_lines(others, ids).items():
             held.setdefault(rid, set()).update(hashes)
         return held
@@ -458,7 +461,7 @@ class WorktreeStore(FileStore):
             lines = read_regular(self.log.path).split(b"\n")  # (numbered as the log's reader numbers them)
         except FileNotFoundError:
             lines = []
-        theirs = [read(got[0]) for path in self._other_logs() if (got := self._read_other(path)) is not None]
+        theirs = [read(data) for data in self._others()]
         elsewhere = {rid for other in theirs for rid in other.position}
         named = {(rid, h) for other in theirs for rid, info in other.redacted.items() for h in info["hashes"]}
         live = [p for p in range(len(own.records)) if p not in own.dead
