@@ -134,6 +134,8 @@ class LogScan:
     redacted_present: list[int] = field(default_factory=list)  # lines of redacted content found again
     redaction_checked: set[int] = field(default_factory=set)  # positions of a redacted id found not to match
     hot: set[int] = field(default_factory=set)  # positions pinned (by field or pin op); dead ones are not hot
+    forgets: list[dict[str, Any]] | None = None  # each forget op applied, in order, while a caller collects them
+    # (``applied_forgets``; None: not collected, and never kept)
     questions: dict[int, dict[str, Any]] = field(default_factory=dict)  # position -> {questions, model, at, line}
     # the content hash of each record's embedded text, by position (what its vector was made from): made on
     # first need (``fill_content_hashes``: a vector search, a checkpoint) and kept with the state in a
@@ -625,6 +627,8 @@ def _record(scan: LogScan, rec: Record, number: int) -> None:
 
 
 def _forget(scan: LogScan, op: dict[str, Any], number: int) -> None:
+    if scan.forgets is not None:
+        scan.forgets.append(op)
     target = scan.live(op["id"])
     if target is not None:
         reason = op.get("reason")
@@ -670,9 +674,21 @@ def read(data: bytes) -> LogScan:
     return scan
 
 
+def applied_forgets(scan: LogScan, data: bytes) -> list[dict[str, Any]]:
+    """:func:`feed` ``data`` to ``scan``, and the forget ops it applied, in order: not one of a change rolled
+    back, nor of one still open at the end (a write in progress), whether or not it found its record."""
+    scan.forgets = []
+    try:
+        feed(scan, data)
+        return scan.forgets
+    finally:
+        scan.forgets = None
+
+
 # What a reader holds of a log's state at ``applied`` (``state_doc``): every field of ``LogScan`` but the
-# store's cursor, the process's generation and the unfinished tail (read again from ``applied``).
-_NOT_KEPT = ("cursor", "generation", "partial_tail")
+# store's cursor, the process's generation, the unfinished tail (read again from ``applied``) and the
+# forgets a caller collects.
+_NOT_KEPT = ("cursor", "generation", "partial_tail", "forgets")
 _INT_KEYS = ("dead", "questions")  # dicts keyed by record position: kept as [position, value] pairs
 _INT_SETS = ("hot", "redaction_checked")
 _BESIDE = ("records", "_position", "line_of", "content_hashes")  # a list per record: kept beside the document

@@ -16,6 +16,7 @@ import pytest
 
 from nubos_memory import codes
 from nubos_memory.config import load_project
+from nubos_memory.log import forget_op
 from nubos_memory.store import open_store, scope
 from nubos_memory.store.worktrees import WorktreeStore
 
@@ -485,3 +486,34 @@ def test_a_long_lived_memory_compacting_keeps_a_pin_change_the_other_worktree_ma
     mem.compact()  # (under its lock it does not read the other logs: its view of z is the old one)
     for root in (a, b):
         assert run_cli([f"memory-{change}", "--root", str(root), "z"]).json["unchanged"] == ["z"], root.name
+
+
+def rolled_back_forget(root: Path, *rids: str) -> None:
+    """What a writer killed in the last line of a forget of several records, and the next writer, leave in
+    ``root``'s log: the group's whole lines (the torn one was cut), then its rollback line (never applied)."""
+    lines = [{"op": "group", "lines": len(rids) + 1, "gid": "g-1"}, *(forget_op(rid) for rid in rids),
+             {"op": "rollback", "gid": "g-1", "at": "2026-11-25T00:00:00Z"}]
+    with (memory_dir(root) / "records.jsonl").open("ab") as f:
+        f.write(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+
+
+def test_a_rolled_back_forget_in_another_worktree_retires_nothing(repo):
+    a, b = repo["a"], repo["b"]
+    assert index_records(a, [rec("one", id="r1"), rec("two", id="r2")]).code == 0  # only a's log holds them
+    rolled_back_forget(b, "r1", "r2")
+    for root in (a, b):
+        for rid in ("r1", "r2"):
+            got = run_cli(["memory-get", "--root", str(root), rid]).json["records"][0]
+            assert got["live"], (root.name, rid, got)
+
+
+def test_a_worktree_compaction_never_copies_a_rolled_back_forget(repo):
+    a, b = repo["a"], repo["b"]
+    assert index_records(b, [rec("one", id="r1"), rec("two", id="r2")]).code == 0  # only b's log holds them
+    rolled_back_forget(a, "r1", "r2")
+    assert index_records(a, [rec("a's own note")]).code == 0
+    assert run_cli(["memory-compact", "--root", str(a)]).code == 0  # keeps a's forgets of b's records: not these
+    for root in (a, b):
+        for rid in ("r1", "r2"):
+            got = run_cli(["memory-get", "--root", str(root), rid]).json["records"][0]
+            assert got["live"], (root.name, rid, got)

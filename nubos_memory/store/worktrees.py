@@ -46,7 +46,7 @@ from ..config import MEMORY_DIR, STATE_DIR
 from ..fsio import open_regular, read_regular
 from ..gitcmd import run_git
 from ..limits import MAX_REASON
-from ..log import LogScan, classify, copied_lines, feed, line_hash, note_redactions, pin_op, read, restart
+from ..log import LogScan, applied_forgets, copied_lines, line_hash, note_redactions, pin_op, read, restart
 from ..trust import file_sha256
 from .files import RECORDS, FileStore
 from .lexcache import LexicalCache
@@ -348,7 +348,6 @@ class WorktreeStore(FileStore):
                 digest.update(f"{path}\0{len(data)}\0".encode())
                 digest.update(data)
                 logs.append((str(path.parent), data))
-                self._note_retirements(str(path.parent), data)
                 note_redactions(fresh, data)
             own_log = self._read_other(self.log.path)
             if own_log is not None:  # every log's redactions before any line: a line they name is read nowhere
@@ -388,19 +387,6 @@ class WorktreeStore(FileStore):
             held.setdefault(rid, set()).update(hashes)
         return held
 
-    def _note_retirements(self, folder: str, data: bytes) -> None:
-        """The ids another worktree's log forgets (a forget of a record that lives in a log read after it
-        would otherwise find nothing to retire).  Not its redactions: they name lines, and every log's are
-        known before any line is read (``_read_all``), so a new record of the same id stays live."""
-        if b'"forget"' not in data:
-            return
-        for raw in data.split(b"\n"):
-            if b'"op"' in raw and b'"forget"' in raw:
-                kind, obj, _ = classify(raw)
-                if kind == "forget":
-                    self._retired[obj["id"]] = (folder, {"reason": obj.get("reason") or "forgotten",
-                                                         "at": obj.get("at")})
-
     def _retire_across(self, scan: LogScan, start: int, folder: str | None) -> None:
         """Records read from ``folder``'s log (None: this worktree's) from ``start`` on that another
         worktree's log forgets: retired, wherever that forget was read (the logs have no order between them)."""
@@ -431,14 +417,19 @@ class WorktreeStore(FileStore):
             os.close(fd)
         return data[: data.rfind(b"\n") + 1], st
 
-    @staticmethod
-    def _feed_other(scan: LogScan, data: bytes, folder: str) -> None:
-        """Apply another worktree's lines; its problems name its folder (their line numbers are its own)."""
+    def _feed_other(self, scan: LogScan, data: bytes, folder: str) -> None:
+        """Apply another worktree's lines; its problems name its folder (their line numbers are its own).  The
+        ids its forgets name (those it applies: not a rolled-back change's) are retired in every log read after
+        it too (``_retire_across``: a forget of a record that lives in a log read later finds nothing here).
+        Not its redactions: they name lines, and every log's are known before any line is read
+        (``_read_all``), so a new record of the same id stays live."""
         before = {name: len(getattr(scan, name)) for name in _PROBLEM_LISTS}
         present = len(scan.redacted_present)
         scan.applied = scan.size = scan.lines = 0
         scan.partial_tail = None
-        feed(scan, data)  # a group still open at its end is a write in progress there: held back
+        # (a group still open at its end is a write in progress there: held back)
+        for op in applied_forgets(scan, data):
+            self._retired[op["id"]] = (folder, {"reason": op.get("reason") or "forgotten", "at": op.get("at")})
         for name in _PROBLEM_LISTS:
             for item in getattr(scan, name)[before[name]:]:
                 item["worktree"] = folder
@@ -458,19 +449,16 @@ class WorktreeStore(FileStore):
         was = self._read_all(None)  # every log now (under the lock the caller's view skipped the others)
         own = self.log.scan()
         try:
-            lines = read_regular(self.log.path).split(b"\n")  # (numbered as the log's reader numbers them)
+            data = read_regular(self.log.path)
         except FileNotFoundError:
-            lines = []
+            data = b""
+        lines = data.split(b"\n")  # (numbered as the log's reader numbers them)
         theirs = [read(data) for data in self._others()]
         elsewhere = {rid for other in theirs for rid in other.position}
         named = {(rid, h) for other in theirs for rid, info in other.redacted.items() for h in info["hashes"]}
         live = [p for p in range(len(own.records)) if p not in own.dead
                 and (own.records[p]["id"], line_hash(lines[own.line_of[p] - 1])) not in named]
-        head = []
-        for line in lines:
-            kind, obj, _ = classify(line.rstrip(b"\r"))
-            if kind == "forget" and obj["id"] in elsewhere:
-                head.append(obj)
+        head = [op for op in applied_forgets(LogScan(), data) if op["id"] in elsewhere]  # (not a rolled-back one)
         pins = [pin_op(own.records[p]["id"], p in own.hot) for p in live
                 if (p in own.hot) != (own.records[p].get("hot") is True)]
         done = self._rewrite([own.records[p] for p in live], head=head, tail=pins)
