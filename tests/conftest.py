@@ -37,6 +37,20 @@ def write_config(root: Path, **memory) -> None:
     cfg_path.write_text(json.dumps(doc))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def worker_locks_of_this_session():
+    """The lock files this session's projects leave in this user's real cache (``generator/``, one per project
+    root a worker ran for: api/background.py) go when it ends; those that were there before stay."""
+    from nubos_memory.userdirs import user_cache_dir
+
+    cache = user_cache_dir()
+    folder = cache / "generator" if cache is not None else None
+    before = set(folder.glob("*.lock")) if folder is not None else set()
+    yield
+    for path in set(folder.glob("*.lock")) - before if folder is not None else ():
+        path.unlink(missing_ok=True)
+
+
 @pytest.fixture(autouse=True)
 def user_data_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test's user-level memory lives in a data folder of its own, never in this user's real one."""
