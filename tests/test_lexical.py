@@ -186,6 +186,49 @@ def test_long_postings_are_scored_in_reused_arrays_with_the_same_bits():
     assert len(got) == 4 and all(np.array_equal(g, want) for g in got)  # each thread has its own arrays
 
 
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).view(np.int64).tobytes()
+
+
+def test_kept_term_scores_are_the_same_bits_and_never_outlive_a_change_of_the_documents():
+    docs = [["common"] * (1 + i % 3) + [f"t{i % 50}"] + (["rare"] if i % 97 == 0 else []) for i in range(20_000)]
+    engine = PostingsBM25()
+    engine.add(docs)
+    terms = ["common", "rare", "t7"]
+    first = engine.scores(terms)
+    assert engine._kept  # (the terms' scored postings are kept ...)
+    assert _bits(engine.scores(terms)) == _bits(first)  # (... and give the same bits)
+    assert _bits(engine.scores(["t7", "common"])) == _bits(_fresh(docs).scores(["t7", "common"]))
+    more = [["common", "t7", "new"], ["rare"]]
+    engine.add(more)  # another average length and idf: nothing kept before is used
+    assert _bits(engine.scores(terms)) == _bits(_fresh(docs + more).scores(terms))
+    engine.remove(3, docs[3])
+    fresh = _fresh(docs + more)
+    fresh.remove(3, docs[3])
+    assert _bits(engine.scores(terms)) == _bits(fresh.scores(terms))
+    engine.merge()  # (the postings move: the kept views of them go)
+    assert not engine._kept and _bits(engine.scores(terms)) == _bits(fresh.scores(terms))
+
+
+def _fresh(docs: list[list[str]]) -> PostingsBM25:
+    engine = PostingsBM25()
+    engine.add(docs)
+    return engine
+
+
+def test_kept_term_scores_stay_within_their_bound(monkeypatch):
+    import nubos_memory.index.lexical as lexical
+
+    monkeypatch.setattr(lexical, "KEPT_FLOATS", 4_000)
+    engine = _fresh([[f"t{i % 40}", f"u{i % 7}"] for i in range(10_000)])  # t: 250 documents each, u: ~1,430
+    for i in range(40):
+        engine.scores([f"t{i}", f"u{i % 7}"])
+        assert engine._kept_floats <= 4_000 and engine._kept_floats == sum(
+            len(part) for parts in engine._kept.values() for _, part in parts)
+    assert (engine.vocab["t39"], engine.idf("t39")) in engine._kept  # the most recent stays
+    assert not any(key[0] == engine.vocab["u0"] for key in engine._kept)  # over an eighth of the bound: never kept
+
+
 @pytest.mark.parametrize("n", [0, 1, 7, 70_000])
 def test_zscore_stats_are_numpys_mean_and_std_bit_for_bit(n):
     from nubos_memory.search.fusion import zscore_stats

@@ -20,6 +20,8 @@ positive and keeps rare terms ranked first.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -29,6 +31,7 @@ from .. import scratch
 
 K1 = 1.5
 B = 0.75
+KEPT_FLOATS = 1 << 21  # a warm process keeps the scored postings of recent terms, at most this many (16 MB)
 
 
 class LexicalScorer(Protocol):
@@ -109,6 +112,12 @@ class PostingsBM25:
         self._removed_df: dict[int, int] = {}  # term id -> removed documents holding it
         self._removed_len = 0.0
         self.shared: SharedStatistics | None = None  # scoring under several indexes' statistic (``share``)
+        # Each recent term's scored postings, ``idf·tf·(k1+1) / (tf + norm)`` by part, under ``_kept_norm``
+        # (the key holds the idf): the frequent terms of a project's queries are not scored again (issue 27)
+        self._kept: OrderedDict[tuple[int, float], list[tuple[slice | np.ndarray, np.ndarray]]] = OrderedDict()
+        self._kept_norm: np.ndarray | None = None
+        self._kept_floats = 0
+        self._kept_lock = threading.Lock()
 
     def share(self, statistics: SharedStatistics | None) -> None:
         """Score with ``statistics`` (document count, df, average length) instead of this index's own, until
@@ -194,6 +203,7 @@ class PostingsBM25:
         self._indptr, self._docs, self._tfs = indptr, docs, tfs
         self._base_df = base_counts + delta_counts
         self._delta, self._delta_docs = {}, 0
+        self._keep_for(None)  # (what is kept holds views of the postings merged away)
 
     def _df(self, tid: int) -> int:
         base = int(self._base_df[tid]) if tid < len(self._base_df) else 0
@@ -278,11 +288,19 @@ class PostingsBM25:
             if self._norm is None:
                 self._norm = K1 * (1.0 - B + B * self.doc_len / self.avgdl())
             norm = self._norm
+        if not removed_too:
+            self._keep_for(norm)
         for term in dict.fromkeys(terms):
             tid = self.vocab.get(term)
             if tid is None:
                 continue
             idf = self.idf_all(term) if removed_too else self.idf(term)
+            kept = None if removed_too else self._kept_parts((tid, idf))
+            if kept is not None:
+                for run, part in kept:
+                    out[run] += part
+                continue
+            made = []
             for docs, tf32 in self._parts(tid):
                 # idf·tf·(k1+1) / (tf + norm), in place (the same operations in the same order: the same
                 # bits); a term in a run of consecutive documents (one in most of them) skips the gathers
@@ -295,9 +313,43 @@ class PostingsBM25:
                 np.add(norm[run], tf, out=tf)  # the denominator, where tf was
                 part /= tf
                 out[run] += part
+                made.append((run, part.copy()))
+            if not removed_too:
+                self._keep((tid, idf), made, norm)
         if self.removed and not removed_too:
             out[np.fromiter(self.removed, dtype=np.int64, count=len(self.removed))] = 0.0
         return out
+
+    def _keep_for(self, norm: np.ndarray | None) -> None:
+        """Forget the kept scores unless they were made under ``norm`` (a document added or removed, the
+        statistic shared or the postings merged: another norm, or None)."""
+        with self._kept_lock:
+            if self._kept_norm is not norm or norm is None:
+                self._kept.clear()
+                self._kept_floats = 0
+                self._kept_norm = norm
+
+    def _kept_parts(self, key: tuple[int, float]) -> list[tuple[slice | np.ndarray, np.ndarray]] | None:
+        with self._kept_lock:
+            found = self._kept.get(key)
+            if found is not None:
+                self._kept.move_to_end(key)
+            return found
+
+    def _keep(self, key: tuple[int, float], parts: list[tuple[slice | np.ndarray, np.ndarray]],
+              norm: np.ndarray) -> None:
+        """Keep a term's scored postings (made under ``norm``), the least recently used going first."""
+        size = sum(len(part) for _, part in parts)
+        if size > KEPT_FLOATS // 8:
+            return  # (a term in most of a million documents: kept, it would push out every other)
+        with self._kept_lock:
+            if self._kept_norm is not norm or key in self._kept:
+                return  # (the documents changed meanwhile, or another thread kept it)
+            self._kept[key] = parts
+            self._kept_floats += size
+            while self._kept_floats > KEPT_FLOATS:
+                _, gone = self._kept.popitem(last=False)
+                self._kept_floats -= sum(len(part) for _, part in gone)
 
     # -- persistence as plain arrays (no pickle) -----------------------------------
     def arrays(self) -> tuple[list[str], dict[str, np.ndarray]]:
