@@ -200,7 +200,8 @@ def test_kept_term_scores_are_the_same_bits_and_never_outlive_a_change_of_the_do
     assert _bits(engine.scores(terms)) == _bits(first)  # (... and give the same bits)
     assert _bits(engine.scores(["t7", "common"])) == _bits(_fresh(docs).scores(["t7", "common"]))
     more = [["common", "t7", "new"], ["rare"]]
-    engine.add(more)  # another average length and idf: nothing kept before is used
+    engine.add(more)  # another average length and idf: nothing kept before is used, nor held
+    assert not engine._kept
     assert _bits(engine.scores(terms)) == _bits(_fresh(docs + more).scores(terms))
     engine.remove(3, docs[3])
     fresh = _fresh(docs + more)
@@ -219,14 +220,37 @@ def _fresh(docs: list[list[str]]) -> PostingsBM25:
 def test_kept_term_scores_stay_within_their_bound(monkeypatch):
     import nubos_memory.index.lexical as lexical
 
-    monkeypatch.setattr(lexical, "KEPT_FLOATS", 4_000)
-    engine = _fresh([[f"t{i % 40}", f"u{i % 7}"] for i in range(10_000)])  # t: 250 documents each, u: ~1,430
+    monkeypatch.setattr(lexical, "KEPT_BYTES", 32_000)
+    engine = PostingsBM25()
+    engine.MERGE_MIN = 10**9  # (every document stays in the delta: each kept part owns its document ids)
+    engine.add([[f"t{i % 40}", f"u{i % 7}"] for i in range(10_000)])  # t: 250 documents each, u: ~1,430
     for i in range(40):
         engine.scores([f"t{i}", f"u{i % 7}"])
-        assert engine._kept_floats <= 4_000 and engine._kept_floats == sum(
-            len(part) for parts in engine._kept.values() for _, part in parts)
+        assert engine._kept_bytes <= 32_000 and engine._kept_bytes == sum(
+            part.nbytes + run.nbytes for parts in engine._kept.values() for run, part in parts)
     assert (engine.vocab["t39"], engine.idf("t39")) in engine._kept  # the most recent stays
     assert not any(key[0] == engine.vocab["u0"] for key in engine._kept)  # over an eighth of the bound: never kept
+    engine.scores(["t5"], keep=False)  # (a side-weight estimate's pseudo-query)
+    assert (engine.vocab["t5"], engine.idf("t5")) not in engine._kept
+
+
+def test_kept_term_scores_serve_queries_under_a_shared_statistic_query_after_query():
+    from nubos_memory.index.lexical import SharedStatistics
+
+    docs = [["deploy", f"w{i % 30}"] + (["rollback"] if i % 3 == 0 else []) for i in range(3_000)]
+    user_docs = [["deploy", "rollback", "friday"], ["lint"]]
+    engine, user = _fresh(docs), _fresh(user_docs)
+    together = _fresh(docs + user_docs)  # one index of every document: what the shared statistic scores as
+    terms = ["deploy", "rollback", "w3"]
+    made = []
+    for _ in range(3):  # each fused query shares a statistic made anew (search/fused.py), then stops sharing
+        engine.share(SharedStatistics([engine, user]))
+        got = engine.scores(terms)
+        assert _bits(got) == _bits(together.scores(terms)[:len(docs)])
+        made.append(engine._kept_norm)
+        engine.share(None)
+    assert made[0] is made[1] is made[2]  # the same norm: what the first query scored is kept for the next
+    assert _bits(engine.scores(terms)) == _bits(_fresh(docs).scores(terms))  # its own statistic again
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 70_000])

@@ -31,7 +31,7 @@ from .. import scratch
 
 K1 = 1.5
 B = 0.75
-KEPT_FLOATS = 1 << 21  # a warm process keeps the scored postings of recent terms, at most this many (16 MB)
+KEPT_BYTES = 16 << 20  # a warm process keeps the scored postings of recent terms, at most this much
 
 
 class LexicalScorer(Protocol):
@@ -78,6 +78,13 @@ class SharedStatistics:
         return (sum(e.live_length() for e in self.engines) / live or 1.0) if live else 1.0
 
 
+def _nbytes(parts: list[tuple[slice | np.ndarray, np.ndarray]]) -> int:
+    """What a term's kept parts hold: the scores, and the document ids a part owns (the delta's: the base's
+    are views of the postings)."""
+    return sum(part.nbytes + (run.nbytes if isinstance(run, np.ndarray) and run.base is None else 0)
+               for run, part in parts)
+
+
 class PostingsBM25:
     """The same BM25 from an inverted index held in numpy arrays (CSR postings).
 
@@ -107,7 +114,9 @@ class PostingsBM25:
         self._delta: dict[int, tuple[list[int], list[int]]] = {}  # term id -> (docs, tfs) appended
         self._delta_docs = 0
         self.doc_len = np.zeros(0, dtype=np.float64)
-        self._norm: np.ndarray | None = None  # k1·(1 − b + b·len/avgdl) for the current size
+        self._norm: np.ndarray | None = None  # k1·(1 − b + b·len/avgdl) for the current size ...
+        self._norm_avgdl = 0.0  # ... and the average length it was made with (shared or not)
+        self._length: float | None = None  # (``live_length``, made once per change of the documents)
         self.removed: set[int] = set()
         self._removed_df: dict[int, int] = {}  # term id -> removed documents holding it
         self._removed_len = 0.0
@@ -116,18 +125,24 @@ class PostingsBM25:
         # (the key holds the idf): the frequent terms of a project's queries are not scored again (issue 27)
         self._kept: OrderedDict[tuple[int, float], list[tuple[slice | np.ndarray, np.ndarray]]] = OrderedDict()
         self._kept_norm: np.ndarray | None = None
-        self._kept_floats = 0
+        self._kept_bytes = 0
         self._kept_lock = threading.Lock()
 
     def share(self, statistics: SharedStatistics | None) -> None:
         """Score with ``statistics`` (document count, df, average length) instead of this index's own, until
         called again with None."""
-        self.shared = statistics
-        self._norm = None
+        self.shared = statistics  # (the norm follows the average length: ``scores``)
+
+    def _changed(self) -> None:
+        """The documents changed: every statistic made of them, and every score kept, is made again."""
+        self._norm = self._length = None
+        self._keep_for(None)
 
     def live_length(self) -> float:
         """The live documents' total length."""
-        return float(self.doc_len.sum()) - self._removed_len
+        if self._length is None:
+            self._length = float(self.doc_len.sum()) - self._removed_len
+        return self._length
 
     @property
     def size(self) -> int:
@@ -148,7 +163,7 @@ class PostingsBM25:
             if tid is not None:
                 self._removed_df[tid] = self._removed_df.get(tid, 0) + 1
         self._removed_len += float(self.doc_len[doc])
-        self._norm = None
+        self._changed()
 
     def add(self, docs: Sequence[Sequence[str]]) -> None:
         """Append tokenised documents (doc ids continue from ``size``)."""
@@ -171,7 +186,7 @@ class PostingsBM25:
                 entry[1].append(tf)
         self.doc_len = np.concatenate([self.doc_len, lengths])
         self._delta_docs += len(docs)
-        self._norm = None
+        self._changed()
         if self._delta_docs > max(self.MERGE_MIN, self.MERGE_FRACTION * (self.size - self._delta_docs)):
             self.merge()
 
@@ -259,7 +274,7 @@ class PostingsBM25:
         """The live documents' average length (1 when there are none, or all are empty)."""
         if self.shared is not None:
             return self.shared.avgdl()
-        return ((float(self.doc_len.sum()) - self._removed_len) / self.live or 1.0) if self.live else 1.0
+        return (self.live_length() / self.live or 1.0) if self.live else 1.0
 
     def score_tokens(self, terms: Sequence[str], tokens: Sequence[str]) -> float:
         """BM25 of a document that is not in the index (``tokens``) under the live statistics: what
@@ -275,19 +290,17 @@ class PostingsBM25:
                 total += self.idf(term) * tf * (K1 + 1.0) / (tf + norm)
         return total
 
-    def scores(self, terms: Sequence[str], *, removed_too: bool = False) -> np.ndarray:
+    def scores(self, terms: Sequence[str], *, removed_too: bool = False, keep: bool = True) -> np.ndarray:
         """Raw BM25 of every document; ``removed_too``: removed documents keep theirs, every score
         taken with the statistics of every document ever added (an as-of query ranks records
-        retired since, whose terms the live statistics may no longer know)."""
+        retired since, whose terms the live statistics may no longer know).  ``keep``: the terms'
+        scored postings are kept for the next query (not for a side-weight estimate's pseudo-queries)."""
         out = np.zeros(self.size, dtype=np.float64)
         if not (self.size if removed_too else self.live):
             return out
-        if removed_too:
-            norm = K1 * (1.0 - B + B * self.doc_len / (float(self.doc_len.mean()) or 1.0))
-        else:
-            if self._norm is None:
-                self._norm = K1 * (1.0 - B + B * self.doc_len / self.avgdl())
-            norm = self._norm
+        norm = K1 * (1.0 - B + B * self.doc_len / (float(self.doc_len.mean()) or 1.0)) if removed_too \
+            else self._current_norm()
+        keep = keep and not removed_too
         if not removed_too:
             self._keep_for(norm)
         for term in dict.fromkeys(terms):
@@ -295,38 +308,53 @@ class PostingsBM25:
             if tid is None:
                 continue
             idf = self.idf_all(term) if removed_too else self.idf(term)
-            kept = None if removed_too else self._kept_parts((tid, idf))
+            kept = None if removed_too else self._kept_parts((tid, idf))  # (a term kept: its scores as made)
             if kept is not None:
                 for run, part in kept:
                     out[run] += part
-                continue
-            made = []
-            for docs, tf32 in self._parts(tid):
-                # idf·tf·(k1+1) / (tf + norm), in place (the same operations in the same order: the same
-                # bits); a term in a run of consecutive documents (one in most of them) skips the gathers
-                run = slice(int(docs[0]), int(docs[-1]) + 1) if len(docs) and docs[-1] - docs[0] == len(docs) - 1 \
-                    else docs  # (a term's documents are distinct and in order)
-                tf, part = scratch.floats(len(docs))
-                tf[...] = tf32
-                np.multiply(tf, idf, out=part)
-                part *= K1 + 1.0
-                np.add(norm[run], tf, out=tf)  # the denominator, where tf was
-                part /= tf
-                out[run] += part
-                made.append((run, part.copy()))
-            if not removed_too:
-                self._keep((tid, idf), made, norm)
+            else:
+                made = self._add_term(out, tid, idf, norm, keep)
+                if keep:
+                    self._keep((tid, idf), made, norm)
         if self.removed and not removed_too:
             out[np.fromiter(self.removed, dtype=np.int64, count=len(self.removed))] = 0.0
         return out
 
+    def _current_norm(self) -> np.ndarray:
+        """``k1·(1 − b + b·len/avgdl)`` of every document under the live (or shared) statistic, made again only
+        when the average length changed (so queries under one shared statistic after another keep theirs)."""
+        avgdl = self.avgdl()
+        if self._norm is None or self._norm_avgdl != avgdl:
+            self._norm, self._norm_avgdl = K1 * (1.0 - B + B * self.doc_len / avgdl), avgdl
+        return self._norm
+
+    def _add_term(self, out: np.ndarray, tid: int, idf: float, norm: np.ndarray, keep: bool
+                  ) -> list[tuple[slice | np.ndarray, np.ndarray]]:
+        """Add one term's ``idf·tf·(k1+1) / (tf + norm)`` to ``out``; with ``keep``, its parts as added."""
+        made = []
+        for docs, tf32 in self._parts(tid):
+            # in place (the same operations in the same order: the same bits); a term in a run of
+            # consecutive documents (one in most of them) skips the gathers
+            run = slice(int(docs[0]), int(docs[-1]) + 1) if len(docs) and docs[-1] - docs[0] == len(docs) - 1 \
+                else docs  # (a term's documents are distinct and in order)
+            tf, part = scratch.floats(len(docs))
+            tf[...] = tf32
+            np.multiply(tf, idf, out=part)
+            part *= K1 + 1.0
+            np.add(norm[run], tf, out=tf)  # the denominator, where tf was
+            part /= tf
+            out[run] += part
+            if keep:
+                made.append((run, part.copy()))
+        return made
+
     def _keep_for(self, norm: np.ndarray | None) -> None:
-        """Forget the kept scores unless they were made under ``norm`` (a document added or removed, the
-        statistic shared or the postings merged: another norm, or None)."""
+        """Forget the kept scores unless they were made under ``norm`` (a document added or removed, another
+        average length, the postings merged: another norm, or None)."""
         with self._kept_lock:
             if self._kept_norm is not norm or norm is None:
                 self._kept.clear()
-                self._kept_floats = 0
+                self._kept_bytes = 0
                 self._kept_norm = norm
 
     def _kept_parts(self, key: tuple[int, float]) -> list[tuple[slice | np.ndarray, np.ndarray]] | None:
@@ -339,17 +367,17 @@ class PostingsBM25:
     def _keep(self, key: tuple[int, float], parts: list[tuple[slice | np.ndarray, np.ndarray]],
               norm: np.ndarray) -> None:
         """Keep a term's scored postings (made under ``norm``), the least recently used going first."""
-        size = sum(len(part) for _, part in parts)
-        if size > KEPT_FLOATS // 8:
+        size = _nbytes(parts)
+        if size > KEPT_BYTES // 8:
             return  # (a term in most of a million documents: kept, it would push out every other)
         with self._kept_lock:
             if self._kept_norm is not norm or key in self._kept:
                 return  # (the documents changed meanwhile, or another thread kept it)
             self._kept[key] = parts
-            self._kept_floats += size
-            while self._kept_floats > KEPT_FLOATS:
+            self._kept_bytes += size
+            while self._kept_bytes > KEPT_BYTES:
                 _, gone = self._kept.popitem(last=False)
-                self._kept_floats -= sum(len(part) for _, part in gone)
+                self._kept_bytes -= _nbytes(gone)
 
     # -- persistence as plain arrays (no pickle) -----------------------------------
     def arrays(self) -> tuple[list[str], dict[str, np.ndarray]]:

@@ -111,7 +111,7 @@ def _lexical(drawn: list[Pseudo], positions: np.ndarray, lexical: "PostingsBM25"
     raw = np.zeros((len(drawn), len(positions)), dtype=np.float64)
     for k, p in enumerate(drawn):
         terms = tokenize(p.query)
-        raw[k] = lexical.scores(terms)[positions]
+        raw[k] = lexical.scores(terms, keep=False)[positions]  # (pseudo-queries: no query asks them again)
         raw[k, p.row] = lexical.score_tokens(terms, tokenize(lexical_text(p.rest)))
     return raw
 
