@@ -631,10 +631,14 @@ def _forget(scan: LogScan, op: dict[str, Any], number: int) -> None:
         scan.forgets.append(op)
     target = scan.live(op["id"])
     if target is not None:
-        reason = op.get("reason")
-        why = reason[:MAX_REASON] if isinstance(reason, str) else "forgotten"
-        scan.dead[target] = {"line": number, "reason": why, "at": op.get("at")}
+        scan.dead[target] = {"line": number, "reason": forget_reason(op), "at": op.get("at")}
         scan.deaths.append(target)
+
+
+def forget_reason(op: dict[str, Any]) -> str:
+    """The reason a forget op gives (its own, cut to ``MAX_REASON``; "forgotten" when it has none)."""
+    reason = op.get("reason")
+    return reason[:MAX_REASON] if isinstance(reason, str) else "forgotten"
 
 
 # The operations that change the state of a record that is there (``_apply``).

@@ -517,3 +517,27 @@ def test_a_worktree_compaction_never_copies_a_rolled_back_forget(repo):
         for rid in ("r1", "r2"):
             got = run_cli(["memory-get", "--root", str(root), rid]).json["records"][0]
             assert got["live"], (root.name, rid, got)
+
+
+def append_lines(root: Path, *lines: dict) -> None:
+    with (memory_dir(root) / "records.jsonl").open("ab") as f:
+        f.write(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+
+
+def test_a_forget_retires_an_id_a_log_read_later_forgets_and_adds_again_in_every_worktree(repo):
+    a, b = repo["a"], repo["b"]
+    assert index_records(a, [rec("one", id="r1")]).code == 0
+    append_lines(a, forget_op("r1"))
+    append_lines(b, forget_op("r1"), rec("one again", id="r1", created_at="2026-11-25T00:00:00Z"))
+    for root in (a, b, repo["main"]):  # a's forget retires b's record too, whichever log is read first
+        got = run_cli(["memory-get", "--root", str(root), "r1"]).json["records"][0]
+        assert not got["live"], (root.name, got)
+
+
+def test_a_forget_line_says_the_same_reason_wherever_its_record_was_read(repo):
+    a, b = repo["a"], repo["b"]
+    assert index_records(a, [rec("one", id="r1"), rec("two", id="r2")]).code == 0
+    append_lines(b, {**forget_op("r1"), "reason": ""}, {**forget_op("r2"), "reason": 7})  # (hand edits)
+    for root in (a, b, repo["main"]):
+        got = run_cli(["memory-get", "--root", str(root), "r1", "r2"]).json["records"]
+        assert [r["retired"]["reason"] for r in got] == ["", "forgotten"], root.name

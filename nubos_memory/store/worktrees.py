@@ -45,8 +45,17 @@ from .. import codes
 from ..config import MEMORY_DIR, STATE_DIR
 from ..fsio import open_regular, read_regular
 from ..gitcmd import run_git
-from ..limits import MAX_REASON
-from ..log import LogScan, applied_forgets, copied_lines, line_hash, note_redactions, pin_op, read, restart
+from ..log import (
+    LogScan,
+    applied_forgets,
+    copied_lines,
+    forget_reason,
+    line_hash,
+    note_redactions,
+    pin_op,
+    read,
+    restart,
+)
 from ..trust import file_sha256
 from .files import RECORDS, FileStore
 from .lexcache import LexicalCache
@@ -269,7 +278,7 @@ class WorktreeStore(FileStore):
         self.lexcache = LexicalCache(self.folder, self._digest, self.cache.verified)
         self._others_digest = ""  # identifies the other logs' bytes in the last full read
         self._held = 0  # the write lock is held: the other logs are not looked at
-        self._retired: dict[str, tuple[str, dict[str, Any]]] = {}  # id -> (folder, its forget) in other logs
+        self._retired: dict[str, dict[str, dict[str, Any]]] = {}  # id -> folder -> its forget, in other logs
 
     def _digest(self, offset: int) -> str:
         """The persisted lexical postings are valid for this log's first ``offset`` bytes after the other
@@ -394,11 +403,10 @@ class WorktreeStore(FileStore):
             return
         for pos in range(start, len(scan.records)):
             rid = scan.records[pos]["id"]
-            found = self._retired.get(rid)
-            if found is not None and found[0] != folder and scan.live(rid) == pos:
-                why = found[1]
-                scan.dead[pos] = {"line": scan.line_of[pos], "reason": str(why["reason"])[:MAX_REASON],
-                                  "at": why["at"], "worktree": found[0]}
+            # (a log that forgets an id and adds it again after is still retired by another log's forget)
+            found = next((f for f in self._retired.get(rid, ()) if f != folder), None)
+            if found is not None and scan.live(rid) == pos:
+                scan.dead[pos] = {"line": scan.line_of[pos], **self._retired[rid][found], "worktree": found}
                 scan.deaths.append(pos)
 
     @staticmethod
@@ -429,7 +437,7 @@ class WorktreeStore(FileStore):
         scan.partial_tail = None
         # (a group still open at its end is a write in progress there: held back)
         for op in applied_forgets(scan, data):
-            self._retired[op["id"]] = (folder, {"reason": op.get("reason") or "forgotten", "at": op.get("at")})
+            self._retired.setdefault(op["id"], {})[folder] = {"reason": forget_reason(op), "at": op.get("at")}
         for name in _PROBLEM_LISTS:
             for item in getattr(scan, name)[before[name]:]:
                 item["worktree"] = folder
