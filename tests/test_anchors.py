@@ -235,3 +235,72 @@ def test_a_redaction_leaves_no_text_in_the_contradiction_cache(project):
     mem.redact([old["id"]])
     mem.scan()  # (the log read again: its text is gone from it)
     assert dedup._marks.cache_info().currsize == 0 and dedup._contradiction.cache_info().currsize == 0
+
+
+def prune_missing(root: Path) -> dict:
+    out = run_cli(["memory-prune", "--root", str(root), "--anchors-missing"])
+    assert out.code == 0, out.err
+    return out.json
+
+
+def test_a_cited_file_too_large_to_check_reads_as_drifted_and_is_never_pruned(repo, monkeypatch):
+    from nubos_memory.api import anchors
+
+    monkeypatch.setattr(anchors, "MAX_ANCHOR_FILE", 4096)  # (8 MiB in use: a file that grew past it)
+    rid = add(repo, "retry_policy caps at 3 attempts", "src/retry.py:4-6")["id"]
+    with (repo / "src" / "retry.py").open("a") as f:
+        f.write("# padding\n" * 1000)
+    hit = top(repo)
+    assert hit["freshness"] == "drifted", hit  # the file is there: never "missing"
+    assert prune_missing(repo)["retired"] == [] and run_cli(["memory-get", "--root", str(repo), rid]).json[
+        "records"][0]["live"]
+
+
+@pytest.mark.parametrize("old, new", [("src/retry.py", "src/policy.py"), ("src/retry.py", "src/réessai.py")])
+def test_a_rename_is_followed_from_a_project_in_a_subfolder_and_for_any_file_name(tmp_path, old, new):
+    top_dir = tmp_path / "mono"
+    root = top_dir / "svc"
+    (root / "src").mkdir(parents=True)
+    code, _, err = run_cli(["memory-init", "--root", str(root)])
+    assert code == 0, err
+    from .conftest import write_config
+
+    write_config(root, provider="hash", model="hash-256")
+    (root / old).write_text(RETRY)
+    git(top_dir, "init", "-q")
+    git(top_dir, "add", "-A")
+    git(top_dir, "commit", "-qm", "retry")
+    add(root, "retry_policy caps at 3 attempts", f"./{old}:4-6")  # (as typed: the stored path is src/…)
+    git(root, "mv", old, new)
+    git(top_dir, "commit", "-qm", "rename")
+    hit = top(root)
+    assert hit["anchors"][0]["path"] == old and hit["freshness"] == "moved", hit
+    assert hit["anchors"][0]["now"] == {"path": new, "lines": [4, 6]}
+
+
+def test_lines_are_counted_as_git_counts_them(repo):
+    (repo / "src" / "feed.py").write_text("import os\n\x0c\ndef alpha():\n    return 1\n\x0b\ndef beta():\n    return 2\n")
+    git(repo, "add", "src/feed.py")
+    assert git(repo, "grep", "-n", "return 2").startswith("src/feed.py:7:")
+    add(repo, "retry policy attempts: beta returns 2", "src/feed.py:7")
+    (repo / "src" / "feed.py").write_text("import os\n\x0c\ndef alpha():\n    return 1\n\x0b\ndef beta():\n    return 3\n")
+    assert top(repo)["freshness"] == "drifted"  # line 7 changed (a form feed is not a line break)
+
+
+def test_many_missing_anchors_ask_git_for_renames_once(repo, monkeypatch):
+    from nubos_memory.api import anchors
+
+    (repo / "lib").mkdir()
+    for i in range(30):
+        (repo / "lib" / f"m{i}.py").write_text(f"x = {i}\n")
+    git(repo, "add", "lib")
+    git(repo, "commit", "-qm", "lib")
+    assert index_records(repo, [{"type": "learning", "title": f"note {i}", "body": "b", "anchors": [
+        {"path": f"lib/m{i}.py"}]} for i in range(30)]).code == 0
+    git(repo, "rm", "-q", "-r", "lib")
+    git(repo, "commit", "-qm", "gone")
+    asked = []
+    real = anchors.run_git
+    monkeypatch.setattr(anchors, "run_git", lambda *a, **k: asked.append(a) or real(*a, **k))
+    report = run_cli(["memory-verify", "--root", str(repo)]).json
+    assert report["freshness"]["missing"] == 30 and len([a for a in asked if "diff" in a]) == 1

@@ -541,3 +541,17 @@ def test_a_forget_line_says_the_same_reason_wherever_its_record_was_read(repo):
     for root in (a, b, repo["main"]):
         got = run_cli(["memory-get", "--root", str(root), "r1", "r2"]).json["records"]
         assert [r["retired"]["reason"] for r in got] == ["", "forgotten"], root.name
+
+
+def test_pruning_records_whose_code_is_gone_leaves_another_worktrees_records_alone(repo):
+    a, b = repo["a"], repo["b"]
+    (b / "new.py").write_text("def fresh():\n    return 1\n")
+    git(b, "add", "new.py")
+    git(b, "commit", "-q", "-m", "new code")
+    out = run_cli(["memory-add", "--root", str(b), "--type", "learning", "--title", "fresh returns 1", "--body", "b",
+                   "--anchor", "new.py:1-2"])
+    assert out.code == 0, out.err
+    rid = out.json["id"]
+    pruned = run_cli(["memory-prune", "--root", str(a), "--anchors-missing"]).json  # a has no new.py: b's code
+    assert pruned["retired"] == [] and pruned["other_worktrees"] == [rid], pruned
+    assert run_cli(["memory-get", "--root", str(b), rid]).json["records"][0]["live"]

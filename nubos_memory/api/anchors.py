@@ -10,14 +10,19 @@ HEAD it was written at).  On read (:class:`AnchorCheck`) each anchor of each hit
   anchor: the same normalised file);
 * ``moved``: the same normalised lines are elsewhere in the same file, or in the file git says the
   cited one was renamed to since ``commit`` (the new ``path`` and ``lines`` are given);
-* ``drifted``: the file is there, the cited text is not (found nowhere in it);
+* ``drifted``: the file is there, the cited text is not (found nowhere in it), or it cannot be checked
+  (larger than ``MAX_ANCHOR_FILE``, unreadable);
 * ``missing``: the file is gone (and git knows no rename of it).
 
 A hit's ``freshness`` is the worst of its anchors' (verified < moved < drifted < missing), or
 ``unanchored``.  Paths are relative to the project root and stay inside it: a path that leads out of
 it (``..``, an absolute path, a symlink pointing outside) is refused on write and reads as
-``missing``.  Files are read once per identity (size, mtime): a warm process checks a hit whose
-files did not change without reading them again.  Nothing a check finds is ever written to the log.
+``missing``; a path is stored as written less its ``.`` parts (``./src/a.py`` is ``src/a.py``, as git
+names it).  Lines are counted as git and editors count them (a ``\n`` ends one).  Renames are what
+``git diff -M`` says since the anchor's commit, asked once per commit (and again when HEAD or the
+index changed), for the project's own folder even when it is a subfolder of the repository.  Files are
+read once per identity (size, mtime): a warm process checks a hit whose files did not change without
+reading them again.  Nothing a check finds is ever written to the log.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from .. import codes
@@ -96,7 +101,8 @@ class AnchorCheck:
         self.root = root
         self.git = git if git is not None else GitState(root)  # HEAD, asked of git at most once a second
         self._files: dict[str, _File | None] = {}
-        self._renames: dict[tuple[str, str], str | None] = {}
+        self._renames: dict[tuple[Any, ...], dict[str, str]] = {}  # (commit, HEAD, index) -> old path -> new
+        self._index: Path | None = None  # git's index file (``renamed``)
 
     # -- files --------------------------------------------------------------------------------
     def read(self, rel: str) -> _File | None:
@@ -126,7 +132,7 @@ class AnchorCheck:
             text = path.read_bytes().decode("utf-8", "replace")
         except OSError:
             return None
-        lines = [normalise(x) for x in text.splitlines()]
+        lines = [normalise(x) for x in _lines(text)]
         heads: dict[str, list[int]] = {}
         for number, line in enumerate(lines, start=1):
             heads.setdefault(digest([line]), []).append(number)
@@ -145,7 +151,7 @@ class AnchorCheck:
         commit = self.commit()
         out = []
         for anchor in anchors:
-            rel = anchor["path"]
+            rel = str(PurePosixPath(anchor["path"])) if anchor["path"] else anchor["path"]  # (git's name for it)
             found = self.read(rel)
             if found is None:
                 raise InputError(f"anchor {rel!r} is not a readable file inside the project",
@@ -172,6 +178,8 @@ class AnchorCheck:
         rel, lines = anchor["path"], anchor.get("lines")
         out: dict[str, Any] = {"path": rel, **({"lines": lines} if lines is not None else {})}
         found = self.read(rel)
+        if found is None and self._there(rel):  # too large or unreadable to check: never "missing"
+            return {**out, "status": "drifted"}
         if found is None:
             renamed = self.renamed(rel, anchor.get("commit"))
             moved = self.locate(renamed, anchor) if renamed is not None else None
@@ -210,21 +218,44 @@ class AnchorCheck:
                 return {"lines": [start, start + size - 1]}
         return None
 
+    def _there(self, rel: str) -> bool:
+        """Whether ``rel`` is a file inside the project (whatever can be read of it)."""
+        path = inside(self.root, rel)
+        return path is not None and path.is_file()
+
     def renamed(self, rel: str, commit: Any) -> str | None:
-        """The path git says ``rel`` was renamed to since ``commit`` (None: no rename known)."""
+        """The path git says ``rel`` was renamed to since ``commit`` (None: no rename known): one ``git diff``
+        per commit, HEAD and state of the index, paths relative to the project root, any file name."""
         head = self.commit()
         if not isinstance(commit, str) or head is None:
             return None
-        key = (rel, f"{commit}..{head}")
+        key = (commit, head, self._index_identity())
         if key not in self._renames:
-            out = run_git(self.root, "diff", "--name-status", "-M", commit, "--", ".")
-            target = None
-            for row in (out or "").splitlines():
-                parts = row.split("\t")
-                if len(parts) == 3 and parts[0].startswith("R") and parts[1] == rel:
-                    target = parts[2]
-            self._renames[key] = target
-        return self._renames[key]
+            out = run_git(self.root, "diff", "--name-status", "-M", "-z", "--relative", commit, "--", ".")
+            fields = (out or "").split("\0")
+            renames: dict[str, str] = {}
+            at = 0
+            while at < len(fields) - 1:
+                status = fields[at]
+                width = 2 if status[:1] in ("R", "C") else 1
+                if status.startswith("R") and at + 2 < len(fields):
+                    renames[fields[at + 1]] = fields[at + 2]
+                at += 1 + width
+            self._renames[key] = renames
+        return self._renames[key].get(rel)
+
+    def _index_identity(self) -> tuple[int, int] | None:
+        """What tells git's index apart from before (a rename staged since), None when it is not found."""
+        if self._index is None:
+            found = run_git(self.root, "rev-parse", "--path-format=absolute", "--git-path", "index")
+            if not found:
+                return None
+            self._index = Path(found.strip())
+        try:
+            st = os.stat(self._index)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
 
     def freshness(self, anchors: list[dict[str, Any]] | None) -> tuple[str, list[dict[str, Any]]]:
         """A record's freshness (the worst of its anchors) and each anchor's check."""
@@ -232,6 +263,13 @@ class AnchorCheck:
             return "unanchored", []
         checked = [self.check(a) for a in anchors]
         return max((c["status"] for c in checked), key=FRESHNESS.index), checked
+
+
+def _lines(text: str) -> list[str]:
+    """The file's lines as git and editors count them: a ``\n`` ends one (``str.splitlines`` also breaks at
+    form feeds, vertical tabs and other characters a file's lines hold)."""
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
 
 
 def stamp_anchors(records: "list[Record]", check: AnchorCheck) -> "list[Record]":

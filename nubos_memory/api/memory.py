@@ -703,11 +703,26 @@ class Memory:
     def _prune_unanchored(self, dry_run: bool) -> dict[str, Any]:
         scan = self.scan()
         report = verify_anchors(scan, self.anchors)
-        doomed = [s["id"] for s in report["stale"] if all(a["status"] == "missing" for a in s["anchors"])]
+        gone = [s["id"] for s in report["stale"] if all(a["status"] == "missing" for a in s["anchors"])]
+        elsewhere = self._cited_elsewhere(scan, gone)  # (their code is another worktree's files)
+        doomed = [rid for rid in gone if rid not in elsewhere]
         if doomed and not dry_run:
             doomed = self.apply(forget=doomed, reason="anchors-missing", verb="memory-prune")["forgotten"]
         return {"dry_run": dry_run, "anchors_missing": True, "retired": doomed, "count": len(doomed),
-                "warnings": scan.warnings()}
+                "other_worktrees": sorted(elsewhere), "warnings": scan.warnings()}
+
+    def _cited_elsewhere(self, scan: LogScan, ids: list[str]) -> set[str]:
+        """Those of ``ids`` written in another git worktree of this repository (their ``git.worktree``): the
+        code they cite is that worktree's, not this one's files, so nothing here retires or moves them."""
+        here = (self.git.stamp() or {}).get("worktree")
+        out = set()
+        for rid in ids:
+            pos = scan.live(rid)
+            stamp = scan.records[pos].get("git") if pos is not None else None
+            where = stamp.get("worktree") if isinstance(stamp, dict) else None
+            if here is not None and isinstance(where, str) and where != here:
+                out.add(rid)
+        return out
 
     @_answer
     def verify(self, *, update: bool = False) -> dict[str, Any]:
@@ -720,7 +735,9 @@ class Memory:
         if update and report["moved"]:
             with self.store.lock("memory-verify"):
                 scan, _ = settled_scan(self.snap, self.store)
-                ops = [anchor_op(rid, anchors) for rid, anchors in report["moved"].items() if scan.live(rid) is not None]
+                elsewhere = self._cited_elsewhere(scan, list(report["moved"]))
+                ops = [anchor_op(rid, anchors) for rid, anchors in report["moved"].items()
+                       if scan.live(rid) is not None and rid not in elsewhere]
                 if ops:
                     self.store.append([], ops)
                 updated = [op["id"] for op in ops]
