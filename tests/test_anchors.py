@@ -304,3 +304,19 @@ def test_many_missing_anchors_ask_git_for_renames_once(repo, monkeypatch):
     monkeypatch.setattr(anchors, "run_git", lambda *a, **k: asked.append(a) or real(*a, **k))
     report = run_cli(["memory-verify", "--root", str(repo)]).json
     assert report["freshness"]["missing"] == 30 and len([a for a in asked if "diff" in a]) == 1
+
+
+def test_a_warm_process_follows_a_rename_staged_after_it_first_looked(repo):
+    import time
+
+    from nubos_memory import Memory
+
+    add(repo, "retry_policy caps at 3 attempts", "src/retry.py:4-6")
+    mem = Memory.open(repo)
+    (repo / "src" / "retry.py").rename(repo / "src" / "policy.py")
+    first = mem.query("retry policy attempts", mode="lexical")["hits"][0]
+    assert first["freshness"] == "missing"  # (git knows no rename yet: the new file is not in its index)
+    git(repo, "add", "-A")
+    time.sleep(0.01)
+    hit = mem.query("retry policy attempts", mode="lexical")["hits"][0]
+    assert hit["freshness"] == "moved" and hit["anchors"][0]["now"] == {"path": "src/policy.py", "lines": [4, 6]}
