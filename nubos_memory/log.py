@@ -36,8 +36,13 @@ brings a retired id back starts from its own line), and a retired record is neve
 A record may name the id it replaces (``"supersedes": "X"``): X is then dead
 like a forgotten one.  Dead records keep their position (so every derived
 array stays aligned) but never appear in results; a later record with a dead
-id brings that id back, at a new position.  A record line without an ``id``
-(written by hand) gets a stable id derived from its content (``records.py``).
+id brings that id back, at a new position, unless it is a copy of the retired
+version (the same content, ``same_content``, written no later than it was
+retired): a git merge orders two branches' lines by who merged, and a
+cherry-pick or a teammate's ingest of the same note brings an old line after
+the retirement, which must not undo it whichever way the lines fell.  A record
+line without an ``id`` (written by hand) gets a stable id derived from its
+content (``records.py``).
 
 **Groups** make a change of several lines all-or-nothing for readers: a
 writer appends header, lines and commit in one ``write``.  A reader applies
@@ -94,7 +99,7 @@ from . import codes
 from .fsio import JSONDecodeError, dumps, loads
 from .limits import MAX_QUESTIONS, MAX_REASON
 from .recordlist import RecordList
-from .records import content_hash, embed_text, now_iso, read_record, valid_anchors
+from .records import content_hash, embed_text, iso_to_epoch, now_iso, read_record, valid_anchors
 from .types import Problem, Record
 
 MAX_LINE = 1 << 20  # bytes; a longer line is reported, never parsed
@@ -103,6 +108,9 @@ EXCERPT = 80
 MAX_REPORTED = 1000  # problems of one kind kept in a scan (their total is always counted)
 
 GROUP_OPS = ("group", "commit", "rollback")
+# How lines become the state; derived state saved with the positions it gave (a checkpoint, the lexical
+# cache) is of other rules when this changes (2: a copy of a retired version no longer brings its id back)
+READ_RULES = 2
 MAX_QUESTION_CHARS = 1000  # of one HyPE question in a questions op
 
 
@@ -612,6 +620,9 @@ def _record(scan: LogScan, rec: Record, number: int) -> None:
         else:  # is no problem worth a word
             scan.repeats += 1
         return
+    if first is not None and _copy_of_retired(scan, first, rec):
+        scan.repeats += 1  # (an old line a merge or a cherry-pick brought after the retirement)
+        return
     at = len(scan.records)
     scan.position[rid] = at
     scan.records.append(rec)
@@ -624,6 +635,20 @@ def _record(scan: LogScan, rec: Record, number: int) -> None:
         if replaced is not None and replaced != at:
             scan.dead[replaced] = {"line": number, "reason": "superseded", "by": rid}
             scan.deaths.append(replaced)
+
+
+def _copy_of_retired(scan: LogScan, pos: int, rec: Record) -> bool:
+    """Whether ``rec`` is a copy of the retired version at ``pos``: the same content, written (``created_at``;
+    none: the oldest) no later than that version was retired (the forget's ``at``, the superseding record's
+    time; neither known: the retired version's own time)."""
+    old = scan.records[pos]
+    if not same_content(old, rec):
+        return False
+    written = iso_to_epoch(rec.get("created_at"))
+    retired = iso_to_epoch(retired_at(scan, pos))
+    if retired is None:
+        retired = iso_to_epoch(old.get("created_at"))
+    return written is None or (retired is not None and written <= retired)
 
 
 def _forget(scan: LogScan, op: dict[str, Any], number: int) -> None:

@@ -206,3 +206,21 @@ def test_a_task_is_words_never_query_syntax(project):
     assert "a" not in [h["id"] for h in query["hits"]]  # syntax: NOT webhook excludes it
     ctx = run_cli(["memory-context", "--root", str(project), task, "--max-tokens", "4000"]).json
     assert {"a", "b"} <= {h["id"] for h in ctx["sections"]["relevant"]["hits"]}
+
+
+def test_hot_and_recent_records_tied_in_time_come_in_the_same_order_whichever_way_a_merge_put_their_lines():
+    from nubos_memory.api.turn import Handoffs, hot_hits
+
+    def line(rid: str, type_: str, **extra) -> bytes:
+        return json.dumps({"id": rid, "type": type_, "title": rid, "body": "b",
+                            "created_at": "2026-11-01T00:00:00Z", **extra}).encode() + b"\n"
+
+    lines = [line("h1", "learning", hot=True), line("h2", "learning", hot=True), line("o1", "handoff"),
+             line("o2", "handoff")]
+    seen = set()
+    for order in (lines, lines[::-1]):
+        scan = read(b"".join(order))
+        hot = [h["id"] for h in hot_hits(scan, 0.0)]
+        recent = [h["id"] for h in Handoffs().hits(scan, 0.0, set(), 1)]
+        seen.add((tuple(hot), tuple(recent)))
+    assert seen == {(("h2", "h1"), ("o2",))}  # (by id: the tie broken as records.recency breaks it)

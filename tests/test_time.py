@@ -201,3 +201,26 @@ def test_history_lists_versions_in_order_with_their_fates(project):
     assert by_id["b"]["history"][0]["retired"] == {"reason": "superseded", "by": "c", "at": "2026-05-01T00:00:00Z"}
     assert by_id["e"]["history"][0]["retired"] == {"reason": "expired", "at": "2026-04-01T00:00:00Z"}
     assert by_id["b"]["retired"] == {"reason": "superseded", "by": "c"}  # the plain answer as before
+
+
+def _state(*lines: dict):
+    return read(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+
+
+def _line(rid: str, title: str, created: str, **extra) -> dict:
+    return {"id": rid, "type": "learning", "title": title, "body": "b", "created_at": created, **extra}
+
+
+def test_an_older_copy_of_a_retired_record_never_brings_it_back_whichever_way_a_merge_ordered_the_lines():
+    x = _line("x", "deploy on green", "2026-01-01T00:00:00Z")
+    copy = {**x, "git": {"branch": "b", "commit": "c0ffee", "worktree": "."}}  # (the teammate's line of it)
+    forget = {"op": "forget", "id": "x", "at": "2026-02-01T00:00:00Z", "reason": "obsolete"}
+    newer = _line("y", "deploy on canary", "2026-02-01T00:00:00Z", supersedes="x")
+    for retire in (forget, newer):
+        for order in ([x, retire, copy], [x, copy, retire], [copy, retire, x]):
+            scan = _state(*order)
+            assert scan.live("x") is None, (retire, order)
+    again = _line("x", "deploy on green", "2026-03-01T00:00:00Z")  # the same words said again, after: a new version
+    assert _state(x, forget, again).live("x") is not None
+    other = _line("x", "deploy on blue", "2026-01-01T00:00:00Z")  # other words under the id: brings it back
+    assert _state(x, forget, other).live("x") is not None

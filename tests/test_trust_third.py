@@ -769,3 +769,15 @@ def test_the_same_id_with_other_content_is_said_once_in_stats_with_the_fix(proje
     assert not [w for w in q.json["warnings"] if w["code"] == "records-duplicate-id"]
     problems = {p["code"]: p for p in run_cli(["memory-stats", "--root", str(project)]).json["consistency"]["problems"]}
     assert "memory-compact" in problems["records-duplicate-id"]["message"]
+
+
+def test_derived_state_saved_under_other_rules_for_reading_the_log_is_not_used(project, monkeypatch):
+    from nubos_memory import log
+    from nubos_memory.store import checkpoint, lexcache
+
+    assert index_records(project, [rec(f"note {i} about kafka", id=f"n{i}") for i in range(70)]).code == 0
+    store = Memory.open(project).store
+    assert store.lexcache.load(10_000) is not None
+    monkeypatch.setattr(lexcache, "READ_RULES", log.READ_RULES + 1)  # (a version that gives other positions)
+    assert store.lexcache.load(10_000) is None
+    assert f"read {log.READ_RULES} " in checkpoint.RULES  # (a checkpoint names the rules that read its lines)

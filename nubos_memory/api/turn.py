@@ -19,7 +19,6 @@ or ``budget`` (over what the budget had left).
 
 from __future__ import annotations
 
-import math
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,7 +26,7 @@ from .. import codes
 from ..errors import InputError, UsageError
 from ..limits import MAX_ECHO, MAX_K
 from ..log import LogScan, pin_op
-from ..records import iso_to_epoch, valid_id
+from ..records import recency, valid_id
 from ..search.timeline import expiry
 from .anchors import weigh_freshness
 from .context import answer_notes, first_ten, fit_budget, render_hit
@@ -73,11 +72,9 @@ def set_hot(mem: "Memory", ids: list[str], hot: bool) -> dict[str, Any]:
 
 
 def _newest_first(scan: LogScan, positions: list[int]) -> list[int]:
-    def key(pos: int) -> tuple[float, int]:
-        created = iso_to_epoch(scan.records[pos].get("created_at"))
-        return (created if created is not None else -math.inf, pos)
-
-    return sorted(positions, key=key, reverse=True)
+    """By ``records.recency`` (a tie by id, the same way on every machine, never by where a merge put the
+    line), newest first."""
+    return sorted(positions, key=lambda pos: (*recency(scan.records[pos]), pos), reverse=True)
 
 
 def _hit(rec: "Record", retrieval: str) -> "Hit":
@@ -97,27 +94,26 @@ class Handoffs:
     def __init__(self) -> None:
         self.generation = -1
         self.seen = 0
-        self.order: list[tuple[float, int]] = []  # (-created, position): newest first when sorted
+        self.order: list[tuple[float, str, int]] = []  # (created, id, position): ``recency``, newest first
 
-    def newest(self, scan: LogScan) -> list[tuple[float, int]]:
+    def newest(self, scan: LogScan) -> list[tuple[float, str, int]]:
         if scan.generation != self.generation or len(scan.records) < self.seen:  # the log was read again
             self.generation, self.seen, self.order = scan.generation, 0, []
         if len(scan.records) > self.seen:
             for pos in range(self.seen, len(scan.records)):
                 rec = scan.records[pos]
                 if rec["type"] == HANDOFF:
-                    created = iso_to_epoch(rec.get("created_at"))
-                    self.order.append((-created if created is not None else math.inf, -pos))
-            self.order.sort()
+                    self.order.append((*recency(rec), pos))
+            self.order.sort(reverse=True)
             self.seen = len(scan.records)
         return self.order
 
     def hits(self, scan: LogScan, now: float, skip: set[str], count: int) -> "list[Hit]":
         """The ``count`` newest live handoff records whose ids are not in ``skip``."""
         out: list[Hit] = []
-        for _, neg in self.newest(scan) if count > 0 else ():
-            rec = scan.records[-neg]
-            if -neg not in scan.dead and rec["id"] not in skip and expiry(rec, now) is None:
+        for _, _, pos in self.newest(scan) if count > 0 else ():
+            rec = scan.records[pos]
+            if pos not in scan.dead and rec["id"] not in skip and expiry(rec, now) is None:
                 out.append(_hit(rec, "recent"))
                 if len(out) == count:
                     break

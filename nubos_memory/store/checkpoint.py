@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..columns import BYTEORDER, Positions, pack_all, unpack_from
 from ..fsio import JSONDecodeError, atomic_write_bytes, dumps, loads, loads_bulk, open_regular
-from ..log import LogScan, fill_content_hashes, from_kept_state, kept_state
+from ..log import READ_RULES, LogScan, fill_content_hashes, from_kept_state, kept_state
 from ..recordlist import COLUMNS, RecordList
 from ..records import EMBED_TEMPLATE, SCHEMA_VERSION
 from ..trust import available, file_sha256, sign, verify
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 NAME = "log-checkpoint.json"
 FORMAT = 6  # (6: the importance column)
-RULES = f"{__version__} schema {SCHEMA_VERSION} {EMBED_TEMPLATE}"  # what turned the lines into the state
+RULES = f"{__version__} schema {SCHEMA_VERSION} read {READ_RULES} {EMBED_TEMPLATE}"  # what turned the lines into the state
 MAX_HEADER = 64 * 1024
 MIN_TAIL = 1 << 20  # bytes read past the checkpoint before a reader writes a new one
 SHARE_GROWN = 4  # ... and at least 1/SHARE_GROWN of what it holds

@@ -24,6 +24,7 @@ import numpy as np
 from ..faults import crash_point
 from ..fsio import atomic_write_bytes, dumps, loads, read_regular
 from ..index.lexical import PostingsBM25
+from ..log import READ_RULES
 from ..tokenize import TOKENIZER_VERSION
 from ..trust import available, sign, verify
 from .verified import Verified
@@ -82,7 +83,8 @@ class LexicalCache:
         """
         try:
             meta = loads(read_regular(self.folder / MANIFEST))
-            if meta.get("format") != FORMAT or meta.get("tokenizer") != TOKENIZER_VERSION or not verify(meta):
+            if meta.get("format") != FORMAT or meta.get("tokenizer") != TOKENIZER_VERSION \
+                    or meta.get("read_rules") != READ_RULES or not verify(meta):
                 return None
             count, offset = int(meta["count"]), int(meta["offset"])
             if count > max_records or not self.matches(offset, str(meta["sha256"])):
@@ -117,8 +119,8 @@ class LexicalCache:
         data = buf.getvalue()
         atomic_write_bytes(self.folder / name, data)
         crash_point("lexical-npz-written")
-        meta = {"format": FORMAT, "tokenizer": TOKENIZER_VERSION, "count": engine.size, "offset": offset,
-                "sha256": self.digest(offset), "file": name, "npz_sha256": hashlib.sha256(data).hexdigest()}
+        meta = {"format": FORMAT, "tokenizer": TOKENIZER_VERSION, "read_rules": READ_RULES, "count": engine.size,
+                "offset": offset, "sha256": self.digest(offset), "file": name, "npz_sha256": hashlib.sha256(data).hexdigest()}
         atomic_write_bytes(self.folder / MANIFEST, dumps(sign(meta), pretty=True))
         for old in self.folder.glob("lexical-*.npz"):
             if old.name != name:
