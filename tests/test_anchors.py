@@ -144,6 +144,7 @@ def test_verify_counts_lists_and_update_records_the_move_in_the_log(repo):
     report = run_cli(["memory-verify", "--root", str(repo)]).json
     assert report["anchored"] == 2 and report["freshness"] == {"verified": 0, "moved": 1, "drifted": 0, "missing": 1}
     assert [s["id"] for s in report["stale"]] == [gone] and report["updated"] == []
+    git(repo, "commit", "-qam", "moved down")  # (a move is recorded into committed code only)
     log_before = (repo / ".nubos-pilot" / "memory" / "records.jsonl").read_bytes()
     updated = run_cli(["memory-verify", "--root", str(repo), "--update"]).json
     assert len(updated["updated"]) == 1
@@ -320,3 +321,34 @@ def test_a_warm_process_follows_a_rename_staged_after_it_first_looked(repo):
     time.sleep(0.01)
     hit = mem.query("retry policy attempts", mode="lexical")["hits"][0]
     assert hit["freshness"] == "moved" and hit["anchors"][0]["now"] == {"path": "src/policy.py", "lines": [4, 6]}
+
+
+def test_update_records_a_move_only_into_committed_code_and_never_twice(repo):
+    rid = add(repo, "retry_policy caps at 3 attempts", "src/retry.py:4-6")["id"]
+    git(repo, "mv", "src/retry.py", "src/policy.py")  # staged, not committed: it may be abandoned
+    report = run_cli(["memory-verify", "--root", str(repo), "--update"]).json
+    assert report["updated"] == [] and report["uncommitted"] == [rid], report
+    git(repo, "commit", "-qm", "rename")
+    assert run_cli(["memory-verify", "--root", str(repo), "--update"]).json["updated"] == [rid]
+
+
+def test_two_updates_at_once_record_each_move_once(repo):
+    from nubos_memory import Memory
+
+    rid = add(repo, "retry_policy caps at 3 attempts", "src/retry.py:4-6")["id"]
+    (repo / "src" / "retry.py").write_text("# moved down\n" + RETRY)
+    git(repo, "commit", "-qam", "moved down")
+    slow, fast = Memory.open(repo), Memory.open(repo)
+    real = slow.scan
+
+    def late_scan():  # (the slow one checked before the fast one wrote, and writes after it)
+        got = real()
+        if not late_scan.done:
+            late_scan.done = True
+            assert fast.verify(update=True)["updated"] == [rid]
+        return got
+    late_scan.done = False
+    slow.scan = late_scan
+    assert slow.verify(update=True)["updated"] == []
+    log = (repo / ".nubos-pilot" / "memory" / "records.jsonl").read_text()
+    assert log.count('"op":"anchor"') == 1

@@ -340,6 +340,34 @@ def relocated(stored: list[dict[str, Any]], checked: list[dict[str, Any]], commi
     return out
 
 
+def uncommitted_moves(moved: dict[str, list[dict[str, Any]]], scan: "LogScan", check: AnchorCheck) -> set[str]:
+    """Of the records ``verify_anchors`` found moved (their anchors where the code is now), those whose code
+    moved into a file git holds changes of (staged, unstaged or untracked): a change not committed may be
+    abandoned, and an anchor recorded there would cite nothing.  Outside git: none."""
+    targets: dict[str, set[str]] = {}
+    for rid, anchors in moved.items():
+        pos = scan.live(rid)
+        stored = scan.records[pos].get("anchors") or [] if pos is not None else []
+        for old, new in zip(stored, anchors):
+            if old != new:
+                targets.setdefault(new["path"], set()).add(rid)
+    if not targets or check.commit() is None:
+        return set()
+    out = run_git(check.root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *sorted(targets))
+    prefix = run_git(check.root, "rev-parse", "--show-prefix")  # (porcelain paths are the repository's)
+    if out is None or prefix is None:
+        return set().union(*targets.values())  # (git cannot say: nothing is taken as committed)
+    prefix = prefix.strip()
+    dirty = set()
+    fields = out.split("\0")
+    at = 0
+    while at < len(fields) and fields[at]:
+        entry = fields[at]
+        dirty.add(entry[3:].removeprefix(prefix))
+        at += 2 if entry[:1] in ("R", "C") else 1  # (a rename's or copy's source follows)
+    return {rid for path, rids in targets.items() if path in dirty for rid in rids}
+
+
 def describe(hit_anchors: list[dict[str, Any]]) -> list[str]:
     """What changed, in words, for the markdown block (one line per anchor that is not verified)."""
     out = []

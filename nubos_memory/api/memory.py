@@ -47,7 +47,7 @@ from ..records import (
 from ..search.snapshot import Snapshot
 from ..store import open_store, parse_duration, scope
 from . import background, usermemory
-from .anchors import AnchorCheck, stamp_anchors, verify_anchors, weigh_freshness
+from .anchors import AnchorCheck, stamp_anchors, uncommitted_moves, verify_anchors, weigh_freshness
 from .gitstate import BranchFilter, GitState, mark_merged
 from .hype import kept_ops, kick
 from .turn import Handoffs
@@ -730,19 +730,29 @@ class Memory:
         counts by freshness and the drifted and missing records.  ``update`` records the new place of
         moved anchors as ``anchor`` operations in the log (one per record, all in one change)."""
         self.require_enabled()
-        report = verify_anchors(self.scan(), self.anchors)
+        checked = self.scan()
+        report = verify_anchors(checked, self.anchors)
         updated: list[str] = []
+        uncommitted = sorted(uncommitted_moves(report["moved"], checked, self.anchors)) if update else []
         if update and report["moved"]:
+            # (as checked: anchors another writer moved since are left to it; a move into code not committed
+            # is not recorded, for the change may be abandoned and the record would cite nothing)
+            was = {rid: checked.records[pos].get("anchors") for rid in report["moved"]
+                   if (pos := checked.live(rid)) is not None}
             with self.store.lock("memory-verify"):
                 scan, _ = settled_scan(self.snap, self.store)
                 elsewhere = self._cited_elsewhere(scan, list(report["moved"]))
                 ops = [anchor_op(rid, anchors) for rid, anchors in report["moved"].items()
-                       if scan.live(rid) is not None and rid not in elsewhere]
+                       if (pos := scan.live(rid)) is not None and rid not in elsewhere and rid not in uncommitted
+                       and scan.records[pos].get("anchors") == was.get(rid)]
                 if ops:
                     self.store.append([], ops)
                 updated = [op["id"] for op in ops]
         moved = report.pop("moved")
-        return {**report, "moved": sorted(moved), "updated": updated, "warnings": self.scan().warnings()}
+        out = {**report, "moved": sorted(moved), "updated": updated, "warnings": self.scan().warnings()}
+        if update:
+            out["uncommitted"] = uncommitted
+        return out
 
     @_answer
     def ingest(self, paths: list[str], *, include: Sequence[str] = (), exclude: Sequence[str] = (),
