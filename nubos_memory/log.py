@@ -40,7 +40,9 @@ id brings that id back, at a new position, unless it is a copy of the retired
 version (the same content, ``same_content``, written no later than it was
 retired): a git merge orders two branches' lines by who merged, and a
 cherry-pick or a teammate's ingest of the same note brings an old line after
-the retirement, which must not undo it whichever way the lines fell.  A record
+the retirement, which must not undo it whichever way the lines fell.  A version
+retired twice (two forgets, a forget and a supersede, two supersedes) is retired
+by the earlier of them, whichever line came first (``_retire_earlier``).  A record
 line without an ``id`` (written by hand) gets a stable id derived from its
 content (``records.py``).
 
@@ -109,8 +111,9 @@ MAX_REPORTED = 1000  # problems of one kind kept in a scan (their total is alway
 
 GROUP_OPS = ("group", "commit", "rollback")
 # How lines become the state; derived state saved with the positions it gave (a checkpoint, the lexical
-# cache) is of other rules when this changes (2: a copy of a retired version no longer brings its id back)
-READ_RULES = 2
+# cache) is of other rules when this changes (2: a copy of a retired version no longer brings its id back;
+# 3: a record retired twice is retired by the earlier retirement)
+READ_RULES = 3
 MAX_QUESTION_CHARS = 1000  # of one HyPE question in a questions op
 
 
@@ -632,9 +635,12 @@ def _record(scan: LogScan, rec: Record, number: int) -> None:
     old = rec.get("supersedes")
     if old is not None:
         replaced = scan.live(old)
+        why = {"line": number, "reason": "superseded", "by": rid}
         if replaced is not None and replaced != at:
-            scan.dead[replaced] = {"line": number, "reason": "superseded", "by": rid}
+            scan.dead[replaced] = why
             scan.deaths.append(replaced)
+        elif replaced is None and old != rid:
+            _retire_earlier(scan, old, why, rec.get("created_at"))
 
 
 def _copy_of_retired(scan: LogScan, pos: int, rec: Record) -> bool:
@@ -655,9 +661,26 @@ def _forget(scan: LogScan, op: dict[str, Any], number: int) -> None:
     if scan.forgets is not None:
         scan.forgets.append(op)
     target = scan.live(op["id"])
+    why = {"line": number, "reason": forget_reason(op), "at": op.get("at")}
     if target is not None:
-        scan.dead[target] = {"line": number, "reason": forget_reason(op), "at": op.get("at")}
+        scan.dead[target] = why
         scan.deaths.append(target)
+    else:
+        _retire_earlier(scan, op["id"], why, op.get("at"))
+
+
+def _retire_earlier(scan: LogScan, rid: str, why: dict[str, Any], when: Any) -> None:
+    """A forget or supersede (``why``, at ``when``) of ``rid`` read after its latest version was retired: the
+    earlier of the two retires it, whichever line a merge put first (a retirement older than that version
+    was of one before it; a redaction, or one the log gives no time for, stands)."""
+    pos = scan.position.get(rid)
+    if pos is None or pos not in scan.dead or scan.dead[pos].get("reason") == "redacted":
+        return
+    new, now = iso_to_epoch(when), iso_to_epoch(retired_at(scan, pos))
+    created = iso_to_epoch(scan.records[pos].get("created_at"))
+    if new is not None and now is not None and new < now and (created is None or created <= new):
+        scan.dead[pos] = why
+        scan.deaths.append(pos)  # (readers of the deaths take its time again: search/timeline.py)
 
 
 def forget_reason(op: dict[str, Any]) -> str:

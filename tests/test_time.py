@@ -224,3 +224,23 @@ def test_an_older_copy_of_a_retired_record_never_brings_it_back_whichever_way_a_
     assert _state(x, forget, again).live("x") is not None
     other = _line("x", "deploy on blue", "2026-01-01T00:00:00Z")  # other words under the id: brings it back
     assert _state(x, forget, other).live("x") is not None
+
+
+def test_a_record_retired_twice_is_retired_by_the_earlier_whichever_line_a_merge_put_first():
+    from nubos_memory.log import retired_at
+    from nubos_memory.records import iso_to_epoch
+    from nubos_memory.search.timeline import live_mask
+
+    x = _line("x", "deploy on green", "2026-01-01T00:00:00Z")
+    early = {"op": "forget", "id": "x", "at": "2026-02-01T00:00:00Z", "reason": "obsolete"}
+    late = {"op": "forget", "id": "x", "at": "2026-03-01T00:00:00Z", "reason": "wrong"}
+    by_y = _line("y", "deploy on canary", "2026-02-01T00:00:00Z", supersedes="x")
+    by_z = _line("z", "deploy on blue", "2026-03-01T00:00:00Z", supersedes="x")
+    between = iso_to_epoch("2026-02-15T00:00:00Z")
+    for first, second, reason in ((early, late, "obsolete"), (by_y, late, "superseded"), (by_y, by_z, "superseded"),
+                                  (early, by_z, "obsolete")):
+        for order in ([x, first, second], [x, second, first]):
+            scan = _state(*order)
+            pos = 0
+            assert scan.dead[pos]["reason"] == reason and retired_at(scan, pos) == "2026-02-01T00:00:00Z", order
+            assert not live_mask(scan, between)[pos], order  # (as of between the two, retired)
