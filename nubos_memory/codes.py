@@ -151,6 +151,9 @@ RECORDS_UNFINISHED_WRITE = _code("records-unfinished-write", "records.jsonl ends
                                  "crashed writer's leftovers; the next write settles it")
 RECORDS_DUPLICATE_ID = _code("records-duplicate-id", "lines repeat the id of a live record with other content; "
                              "the first is kept")
+RECORD_RETIRED_COPY = _code("record-retired-copy", "a record written is a copy of a retired version of its id (the "
+                            "same content, written no later than it was retired): not stored; a new created_at "
+                            "brings it back")
 RECORDS_REDACTED_PRESENT = _code("records-redacted-present", "lines hold text that was redacted (brought back by a "
                                  "merge); they are never read")
 

@@ -112,8 +112,9 @@ MAX_REPORTED = 1000  # problems of one kind kept in a scan (their total is alway
 GROUP_OPS = ("group", "commit", "rollback")
 # How lines become the state; derived state saved with the positions it gave (a checkpoint, the lexical
 # cache) is of other rules when this changes (2: a copy of a retired version no longer brings its id back;
-# 3: a record retired twice is retired by the earlier retirement)
-READ_RULES = 3
+# 3: a record retired twice is retired by the earlier retirement; 4: a copy of any retired version, and a
+# supersede's time by its record's position)
+READ_RULES = 4
 MAX_QUESTION_CHARS = 1000  # of one HyPE question in a questions op
 
 
@@ -145,6 +146,7 @@ class LogScan:
     redacted_present: list[int] = field(default_factory=list)  # lines of redacted content found again
     redaction_checked: set[int] = field(default_factory=set)  # positions of a redacted id found not to match
     hot: set[int] = field(default_factory=set)  # positions pinned (by field or pin op); dead ones are not hot
+    earlier: dict[str, list[int]] = field(default_factory=dict)  # id -> positions of its versions before the latest
     forgets: list[dict[str, Any]] | None = None  # each forget op applied, in order, while a caller collects them
     # (``applied_forgets``; None: not collected, and never kept)
     questions: dict[int, dict[str, Any]] = field(default_factory=dict)  # position -> {questions, model, at, line}
@@ -623,10 +625,12 @@ def _record(scan: LogScan, rec: Record, number: int) -> None:
         else:  # is no problem worth a word
             scan.repeats += 1
         return
-    if first is not None and _copy_of_retired(scan, first, rec):
+    if first is not None and copy_of_retired(scan, rec):
         scan.repeats += 1  # (an old line a merge or a cherry-pick brought after the retirement)
         return
     at = len(scan.records)
+    if first is not None:
+        scan.earlier.setdefault(rid, []).append(first)
     scan.position[rid] = at
     scan.records.append(rec)
     scan.line_of.append(number)
@@ -635,7 +639,7 @@ def _record(scan: LogScan, rec: Record, number: int) -> None:
     old = rec.get("supersedes")
     if old is not None:
         replaced = scan.live(old)
-        why = {"line": number, "reason": "superseded", "by": rid}
+        why = {"line": number, "reason": "superseded", "by": rid, "position": at}
         if replaced is not None and replaced != at:
             scan.dead[replaced] = why
             scan.deaths.append(replaced)
@@ -643,18 +647,24 @@ def _record(scan: LogScan, rec: Record, number: int) -> None:
             _retire_earlier(scan, old, why, rec.get("created_at"))
 
 
-def _copy_of_retired(scan: LogScan, pos: int, rec: Record) -> bool:
-    """Whether ``rec`` is a copy of the retired version at ``pos``: the same content, written (``created_at``;
-    none: the oldest) no later than that version was retired (the forget's ``at``, the superseding record's
-    time; neither known: the retired version's own time)."""
-    old = scan.records[pos]
-    if not same_content(old, rec):
+def copy_of_retired(scan: LogScan, rec: Record) -> bool:
+    """Whether ``rec`` is a copy of a retired version of its id (any, while that id is not live): the same
+    content, written (``created_at``; none: the oldest) no later than that version was retired (the forget's
+    ``at``, the superseding record's time; neither known: the retired version's own time)."""
+    rid = rec["id"]
+    latest = scan.position.get(rid)
+    if latest is None or latest not in scan.dead:
         return False
     written = iso_to_epoch(rec.get("created_at"))
-    retired = iso_to_epoch(retired_at(scan, pos))
-    if retired is None:
-        retired = iso_to_epoch(old.get("created_at"))
-    return written is None or (retired is not None and written <= retired)
+    for pos in (latest, *scan.earlier.get(rid, ())):
+        old = scan.records[pos]
+        if pos in scan.dead and same_content(old, rec):
+            retired = iso_to_epoch(retired_at(scan, pos))
+            if retired is None:
+                retired = iso_to_epoch(old.get("created_at"))
+            if written is None or (retired is not None and written <= retired):
+                return True
+    return False
 
 
 def _forget(scan: LogScan, op: dict[str, Any], number: int) -> None:
@@ -701,7 +711,9 @@ def retired_at(scan: LogScan, pos: int) -> str | None:
     if info is None:
         return None
     if info.get("reason") == "superseded":
-        by = bisect_left(scan.line_of, info["line"])  # the record line that replaced it
+        by = info.get("position")  # the record that replaced it (a worktree's lines are numbered per log)
+        if not isinstance(by, int):
+            by = bisect_left(scan.line_of, info["line"])
         found = by < len(scan.records) and scan.line_of[by] == info["line"]
         at = scan.records[by].get("created_at") if found else None
     else:

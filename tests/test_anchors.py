@@ -352,3 +352,15 @@ def test_two_updates_at_once_record_each_move_once(repo):
     assert slow.verify(update=True)["updated"] == []
     log = (repo / ".nubos-pilot" / "memory" / "records.jsonl").read_text()
     assert log.count('"op":"anchor"') == 1
+
+
+def test_writing_a_copy_of_a_retired_record_is_said_and_every_other_record_keeps_its_own_vector(repo):
+    assert index_records(repo, [{"type": "learning", "title": "deploy on green", "body": "b", "id": "x"}]).code == 0
+    old = run_cli(["memory-get", "--root", str(repo), "x"]).json["records"][0]["record"]
+    assert run_cli(["memory-forget", "--root", str(repo), "x"]).code == 0
+    again = {k: v for k, v in old.items() if k not in ("git",)}  # as memory-get gave it: its old created_at
+    out = index_records(repo, [again, {"type": "learning", "title": "unrelated zebra note", "body": "b", "id": "y"}])
+    assert out.code == 0 and out.json["ids"] == ["y"] and out.json["skipped_ids"] == ["x"], out.json
+    assert next(w for w in out.json["warnings"] if w["code"] == "record-retired-copy")["ids"] == ["x"]
+    hits = query(repo, "unrelated zebra note", "--mode", "vector").json["hits"]
+    assert hits[0]["id"] == "y" and hits[0]["score"] > 0.5, hits

@@ -244,3 +244,23 @@ def test_a_record_retired_twice_is_retired_by_the_earlier_whichever_line_a_merge
             pos = 0
             assert scan.dead[pos]["reason"] == reason and retired_at(scan, pos) == "2026-02-01T00:00:00Z", order
             assert not live_mask(scan, between)[pos], order  # (as of between the two, retired)
+
+
+def test_a_copy_of_any_retired_version_stays_retired_and_a_supersede_is_timed_by_its_own_record():
+    from nubos_memory.log import LogScan, feed
+
+    v1 = _line("x", "deploy on green", "2026-01-01T00:00:00Z")
+    v2 = _line("x", "deploy on blue", "2026-03-01T00:00:00Z")
+    forgets = [{"op": "forget", "id": "x", "at": at, "reason": "obsolete"}
+               for at in ("2026-02-01T00:00:00Z", "2026-04-01T00:00:00Z")]
+    assert _state(v1, forgets[0], v2, forgets[1], {**v1, "git": {"branch": "b"}}).live("x") is None  # (v1's copy)
+    # Two logs read as one (a worktree's): the second's lines are numbered from 1 again
+    other = b"".join(json.dumps(_line(f"o{i}", f"other {i}", f"20{30 if i == 1 else 26}-01-01T00:00:00Z")).encode()
+                     + b"\n" for i in range(5))
+    own = [v1, _line("y", "deploy on canary", "2026-02-01T00:00:00Z", supersedes="x"),
+           {**v1, "created_at": "2026-03-01T00:00:00Z"}]  # the same words said again after the supersede
+    scan = LogScan()
+    feed(scan, other)
+    scan.applied = scan.size = scan.lines = 0
+    feed(scan, b"".join(json.dumps(line).encode() + b"\n" for line in own))
+    assert scan.live("x") is not None

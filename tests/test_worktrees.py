@@ -555,3 +555,20 @@ def test_pruning_records_whose_code_is_gone_leaves_another_worktrees_records_alo
     pruned = run_cli(["memory-prune", "--root", str(a), "--anchors-missing"]).json  # a has no new.py: b's code
     assert pruned["retired"] == [] and pruned["other_worktrees"] == [rid], pruned
     assert run_cli(["memory-get", "--root", str(b), rid]).json["records"][0]["live"]
+
+
+def test_a_merged_record_of_a_worktree_since_removed_is_pruned_where_its_code_went(repo):
+    main, b = repo["main"], repo["b"]
+    (b / "new.py").write_text("def fresh():\n    return 1\n")
+    git(b, "add", "new.py")
+    out = run_cli(["memory-add", "--root", str(b), "--type", "learning", "--title", "fresh returns 1", "--body", "b",
+                   "--anchor", "new.py:1-2"])
+    assert out.code == 0, out.err
+    git(b, "add", "-A")
+    git(b, "commit", "-q", "-m", "new code and its note")
+    git(main, "merge", "-q", "b")
+    git(main, "worktree", "remove", "--force", str(b))
+    git(main, "rm", "-q", "new.py")
+    git(main, "commit", "-q", "-m", "gone")
+    pruned = run_cli(["memory-prune", "--root", str(main), "--anchors-missing"]).json
+    assert pruned["retired"] == [out.json["id"]] and pruned["other_worktrees"] == [], pruned

@@ -712,15 +712,20 @@ class Memory:
                 "other_worktrees": sorted(elsewhere), "warnings": scan.warnings()}
 
     def _cited_elsewhere(self, scan: LogScan, ids: list[str]) -> set[str]:
-        """Those of ``ids`` written in another git worktree of this repository (their ``git.worktree``): the
-        code they cite is that worktree's, not this one's files, so nothing here retires or moves them."""
+        """Those of ``ids`` written in another git worktree of this repository that is there now (their
+        ``git.worktree``): the code they cite is that worktree's, not this one's files, so nothing here retires
+        or moves them (a forget retires an id in every worktree).  A record of a worktree since removed, or of
+        a teammate's checkout laid out otherwise, is this worktree's to check."""
+        from ..store.worktrees import worktree_exists
+
         here = (self.git.stamp() or {}).get("worktree")
         out = set()
         for rid in ids:
             pos = scan.live(rid)
             stamp = scan.records[pos].get("git") if pos is not None else None
             where = stamp.get("worktree") if isinstance(stamp, dict) else None
-            if here is not None and isinstance(where, str) and where != here:
+            if here is not None and isinstance(where, str) and where != here \
+                    and worktree_exists(self.project.root, where):
                 out.add(rid)
         return out
 

@@ -20,7 +20,7 @@ from .. import codes
 from ..errors import EmbeddingError, InputError, RebuildRequired, StoreError
 from ..faults import crash_point
 from ..index.vectors import usable
-from ..log import LogScan, forget_op, hot_record
+from ..log import LogScan, copy_of_retired, forget_op, hot_record
 from ..records import embed_text, recency
 from ..search.dedup import find_exact, fingerprint, nearest, within_batch
 from .gitstate import stamp_git
@@ -86,7 +86,8 @@ class WritePath:
               progress: "Progress | None" = None) -> "WriteResult":
         """Append ``records`` (validated) and retire ``forget`` ids in one change, then index.
 
-        Records whose id is live are skipped; exact duplicates of live records are
+        Records whose id is live are skipped, and so are copies of a retired version of their id (the
+        reader would not bring the id back: ``log.copy_of_retired``; warned of); exact duplicates of live records are
         reported as ``duplicates`` and not stored unless ``force``; near duplicates
         are stored and reported.  ``reasons`` gives a tombstone reason per id.  Inside git, a record
         that brings no ``git`` gets this write's (``gitstate.stamp_git``; never part of its text).
@@ -107,12 +108,17 @@ class WritePath:
             new: list[Record] = []
             new_index: list[int] = []
             skipped: list[str] = []
+            copies: list[str] = []
             batch_ids: set[str] = set()
             moved = (scan.generation, len(scan.records), len(scan.deaths)) != checked
             lexical = snap.lexical_engine() if moved and records and not force and scan.live_count else None
             for i, r in enumerate(records):
                 if scan.live(r["id"]) is not None or r["id"] in batch_ids:
                     skipped.append(r["id"])
+                    continue
+                if copy_of_retired(scan, r):
+                    skipped.append(r["id"])
+                    copies.append(r["id"])
                     continue
                 if i in dupes:
                     continue
@@ -137,11 +143,13 @@ class WritePath:
             crash_point("after-append")
             scan = snap.refresh()
             save_lexical(snap)
-        positions = list(range(before, before + len(new)))
-        precomputed = {p: vectors[i] for p, i in zip(positions, new_index) if i in vectors}
+        # (each record's position as the log reads it: never assumed from the order they were appended in)
+        placed = [(p, i) for r, i in zip(new, new_index) if (p := scan.live(r["id"])) is not None and p >= before]
+        positions = [p for p, _ in placed]
+        precomputed = {p: vectors[i] for p, i in placed if i in vectors}
         state = self.vectors.sync(None, must=positions, cap=self.config.max_pending_embed, blocking=True,
                                   verb=verb, precomputed=precomputed, progress=progress,
-                                  precomputed_pieces={p: pieces[i] for p, i in zip(positions, new_index) if i in pieces})
+                                  precomputed_pieces={p: pieces[i] for p, i in placed if i in pieces})
         self._upkeep()
         stored = set(new_index)
         return {
@@ -161,7 +169,11 @@ class WritePath:
             "pending": state.behind if state.degraded is None else None,
             "degraded": state.degraded or degraded,
             "recovered": recovered,
-            "warnings": scan.warnings() + state.notes(),
+            "warnings": scan.warnings() + state.notes() + ([{
+                "code": codes.RECORD_RETIRED_COPY, "ids": copies[:50],
+                "message": f"{len(copies)} record(s) copy a retired version of their id (the same content, written no "
+                           "later than it was retired) and were not stored; give one a new created_at to bring it "
+                           "back"}] if copies else []),
         }
 
     def replay(self, events: list[dict[str, Any]], *, verb: str, progress: "Progress | None" = None

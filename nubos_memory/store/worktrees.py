@@ -193,6 +193,20 @@ def _git_info(root: Path) -> _Git | None:
     return cached
 
 
+def worktree_exists(root: Path, stamp: str) -> bool:
+    """Whether ``stamp`` (a record's ``git.worktree``: that worktree's path from the main one, ``gitstate.py``)
+    names a worktree of ``root``'s repository now."""
+    info = _git_info(root)
+    if info is None:
+        return False
+    main = info.common_dir.parent if info.common_dir.name == ".git" else info.common_dir
+    try:
+        target = (main / stamp).resolve()
+    except (OSError, RuntimeError):
+        return False
+    return any(t.path == target for t in info.trees)
+
+
 def _other_folder(tree: _Tree, rel: Path) -> tuple[Folder | None, dict[str, Any] | None]:
     """The memory folder of another worktree, if it has a log to read; or the warning why it is not read."""
     path = tree.path
