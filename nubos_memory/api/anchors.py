@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 FRESHNESS = ("verified", "moved", "drifted", "missing")  # best to worst
 MAX_ANCHORS = 32
+MAX_RENAME_MAPS = 64  # the renames since a commit kept at once (one git diff each)
 MAX_ANCHOR_FILE = 8 << 20  # bytes of a cited file read (a larger one reads as drifted: not checked line by line)
 _SPACES = re.compile(r"\s+")
 _SPEC = re.compile(r"^(?P<path>.+?)(?::(?P<start>\d+)(?:-(?P<end>\d+))?)?$")
@@ -231,6 +232,8 @@ class AnchorCheck:
             return None
         key = (commit, head, self._index_identity())
         if key not in self._renames:
+            if len(self._renames) >= MAX_RENAME_MAPS:  # (a long-lived process whose index keeps changing)
+                self._renames.clear()
             out = run_git(self.root, "diff", "--name-status", "-M", "-z", "--relative", commit, "--", ".")
             fields = (out or "").split("\0")
             renames: dict[str, str] = {}
