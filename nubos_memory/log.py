@@ -90,6 +90,7 @@ number; a repeated id of a live record keeps its first occurrence (and is report
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, MutableMapping, MutableSequence, Sequence
@@ -114,7 +115,8 @@ GROUP_OPS = ("group", "commit", "rollback")
 # cache) is of other rules when this changes (2: a copy of a retired version no longer brings its id back;
 # 3: a record retired twice is retired by the earlier retirement; 4: a copy of any retired version, and a
 # supersede's time by its record's position)
-READ_RULES = 4
+READ_RULES = 5  # (5: a redaction's death says so by its kind, not its reason; ties of retirement times)
+MAX_VERSIONS_CHECKED = 64  # the newest earlier versions of an id a line is compared with (``copy_of_retired``)
 MAX_QUESTION_CHARS = 1000  # of one HyPE question in a questions op
 
 
@@ -585,7 +587,7 @@ def _apply(scan: LogScan, kind: str, obj: Any, reason: str | None, number: int, 
         _note_redaction(scan, obj)
         target = scan.live(obj["id"]) if obj.get("copy") is not True else None  # (a copy's: by its hash alone)
         if target is not None and target not in scan.redaction_checked:  # read before its redaction was known
-            scan.dead[target] = {"line": number, "reason": "redacted", "at": obj.get("at")}
+            scan.dead[target] = {"line": number, "reason": "redacted", "at": obj.get("at"), "kind": "redact"}
             scan.deaths.append(target)
             scan.redacted_present.append(scan.line_of[target])
         scan.ops += 1
@@ -656,7 +658,7 @@ def copy_of_retired(scan: LogScan, rec: Record) -> bool:
     if latest is None or latest not in scan.dead:
         return False
     written = iso_to_epoch(rec.get("created_at"))
-    for pos in (latest, *scan.earlier.get(rid, ())):
+    for pos in (latest, *scan.earlier.get(rid, ())[-MAX_VERSIONS_CHECKED:]):
         old = scan.records[pos]
         if pos in scan.dead and same_content(old, rec):
             retired = iso_to_epoch(retired_at(scan, pos))
@@ -684,13 +686,25 @@ def _retire_earlier(scan: LogScan, rid: str, why: dict[str, Any], when: Any) -> 
     earlier of the two retires it, whichever line a merge put first (a retirement older than that version
     was of one before it; a redaction, or one the log gives no time for, stands)."""
     pos = scan.position.get(rid)
-    if pos is None or pos not in scan.dead or scan.dead[pos].get("reason") == "redacted":
+    if pos is None or pos not in scan.dead or death_kind(scan.dead[pos]) == "redact":
         return
-    new, now = iso_to_epoch(when), iso_to_epoch(retired_at(scan, pos))
+    now = retired_at(scan, pos)
+    new, then = iso_to_epoch(when), iso_to_epoch(now)
     created = iso_to_epoch(scan.records[pos].get("created_at"))
-    if new is not None and now is not None and new < now and (created is None or created <= new):
+    if new is not None and created is not None and created > new:
+        return  # (older than this version: it retired one before it)
+    # (no time counts from always; a tie goes to the smaller of the two, the same whichever line came first)
+    first = (-math.inf if new is None else new, why.get("by") or "", why["reason"])
+    standing = (-math.inf if then is None else then, scan.dead[pos].get("by") or "", scan.dead[pos]["reason"])
+    if first < standing:
         scan.dead[pos] = why
         scan.deaths.append(pos)  # (readers of the deaths take its time again: search/timeline.py)
+
+
+def death_kind(info: dict[str, Any]) -> str:
+    """What retired a record (its ``dead`` entry): ``supersede`` (it names the record that replaced it),
+    ``redact``, else ``forget`` (a forget's reason is any text: "superseded" or "redacted" too)."""
+    return "supersede" if "by" in info else "redact" if info.get("kind") == "redact" else "forget"
 
 
 def forget_reason(op: dict[str, Any]) -> str:
@@ -710,7 +724,7 @@ def retired_at(scan: LogScan, pos: int) -> str | None:
     info = scan.dead.get(pos)
     if info is None:
         return None
-    if info.get("reason") == "superseded":
+    if death_kind(info) == "supersede":
         by = info.get("position")  # the record that replaced it (a worktree's lines are numbered per log)
         if not isinstance(by, int):
             by = bisect_left(scan.line_of, info["line"])

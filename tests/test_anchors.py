@@ -364,3 +364,13 @@ def test_writing_a_copy_of_a_retired_record_is_said_and_every_other_record_keeps
     assert next(w for w in out.json["warnings"] if w["code"] == "record-retired-copy")["ids"] == ["x"]
     hits = query(repo, "unrelated zebra note", "--mode", "vector").json["hits"]
     assert hits[0]["id"] == "y" and hits[0]["score"] > 0.5, hits
+
+
+def test_a_copy_of_a_retired_record_in_a_batch_never_makes_another_record_its_duplicate(repo):
+    assert index_records(repo, [{"type": "learning", "title": "deploy on green", "body": "b", "id": "x"}]).code == 0
+    old = run_cli(["memory-get", "--root", str(repo), "x"]).json["records"][0]["record"]
+    assert run_cli(["memory-forget", "--root", str(repo), "x"]).code == 0
+    again = {k: v for k, v in old.items() if k != "git"}
+    out = index_records(repo, [again, {"type": "learning", "title": "deploy on green", "body": "b", "id": "z"}])
+    assert out.json["ids"] == ["z"] and out.json["duplicates"] == [] and out.json["embedded"] <= 1, out.json
+    assert [h["id"] for h in query(repo, "deploy on green").json["hits"]] == ["z"]

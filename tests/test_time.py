@@ -264,3 +264,21 @@ def test_a_copy_of_any_retired_version_stays_retired_and_a_supersede_is_timed_by
     scan.applied = scan.size = scan.lines = 0
     feed(scan, b"".join(json.dumps(line).encode() + b"\n" for line in own))
     assert scan.live("x") is not None
+
+
+def test_a_retirement_without_a_time_or_tied_in_time_gives_one_answer_whichever_line_came_first():
+    from nubos_memory.log import retired_at
+
+    x = _line("x", "deploy on green", "2026-01-01T00:00:00Z")
+    timeless = {"op": "forget", "id": "x", "reason": "hand edit"}
+    late = {"op": "forget", "id": "x", "at": "2026-05-01T00:00:00Z", "reason": "late"}
+    tied = {"op": "forget", "id": "x", "at": "2026-03-01T00:00:00Z", "reason": "a"}
+    by_y = _line("y", "deploy on canary", "2026-03-01T00:00:00Z", supersedes="x")
+    named = {"op": "forget", "id": "x", "at": "2026-02-01T00:00:00Z", "reason": "superseded"}  # (a forget's words)
+    for first, second in ((timeless, late), (tied, by_y), (named, by_y)):
+        seen = set()
+        for order in ([x, first, second], [x, second, first]):
+            scan = _state(*order)
+            seen.add((scan.dead[0]["reason"], retired_at(scan, 0)))
+        assert len(seen) == 1, (first, second, seen)
+    assert retired_at(_state(x, named), 0) == "2026-02-01T00:00:00Z"  # a forget, whatever its reason says

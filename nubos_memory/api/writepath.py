@@ -20,7 +20,7 @@ from .. import codes
 from ..errors import EmbeddingError, InputError, RebuildRequired, StoreError
 from ..faults import crash_point
 from ..index.vectors import usable
-from ..log import LogScan, copy_of_retired, forget_op, hot_record
+from ..log import LogScan, copy_of_retired, death_kind, forget_op, hot_record
 from ..records import embed_text, recency
 from ..search.dedup import find_exact, fingerprint, nearest, within_batch
 from .gitstate import stamp_git
@@ -59,7 +59,7 @@ def history(scan: LogScan) -> list[dict[str, Any]]:
     events: list[tuple[int, dict[str, Any]]] = [(scan.line_of[pos], dict(hot_record(scan, pos)))  # pins kept
                                                 for pos in range(len(scan.records))]
     for pos, why in scan.dead.items():
-        if why.get("reason") in ("superseded", "redacted"):
+        if death_kind(why) != "forget":
             continue
         events.append((int(why["line"]), {"op": "forget", "id": scan.records[pos]["id"], "at": why.get("at"),
                                           "reason": why.get("reason") or "forgotten"}))
@@ -98,8 +98,9 @@ class WritePath:
         scan = snap.refresh()  # an unfinished tail is settled under the lock below, and reported
         checked = (scan.generation, len(scan.records), len(scan.deaths))  # the log the decisions saw
         reasserted: dict[int, dict[str, str]] = {}
-        dupes = self._exact_duplicates(records, scan, reasserted) if records and not force else {}
-        todo = [i for i, r in enumerate(records) if i not in dupes and scan.live(r["id"]) is None]
+        retired = {i for i, r in enumerate(records) if scan.live(r["id"]) is None and copy_of_retired(scan, r)}
+        dupes = self._exact_duplicates(records, scan, reasserted, retired) if records and not force else {}
+        todo = [i for i, r in enumerate(records) if i not in dupes and i not in retired and scan.live(r["id"]) is None]
         (vectors, pieces), near, degraded = self._embed_ahead(records, todo, scan, progress)
 
         with self.store.lock(verb):
@@ -241,17 +242,17 @@ class WritePath:
                 return scan.records[other]["id"]
         return None
 
-    def _exact_duplicates(self, records: "list[Record]", scan: LogScan, reasserted: dict[int, dict[str, str]]
-                          ) -> dict[int, dict[str, Any]]:
+    def _exact_duplicates(self, records: "list[Record]", scan: LogScan, reasserted: dict[int, dict[str, str]],
+                          copies: set[int]) -> dict[int, dict[str, Any]]:
         """Batch index -> the live (or earlier) record whose text it repeats exactly.  A repeat of a
         record that a newer near duplicate has overtaken is a re-assertion instead (``_newer_near``),
-        noted in ``reasserted``."""
+        noted in ``reasserted``.  ``copies`` (copies of retired versions, never stored) are left out."""
         snap = self.snap
         dupes: dict[int, dict[str, Any]] = {}
         seen: dict[str, int] = {}
         lexical = snap.lexical_engine() if scan.live_count else None
         for i, r in enumerate(records):
-            if scan.live(r["id"]) is not None:
+            if scan.live(r["id"]) is not None or i in copies:
                 continue
             fp = fingerprint(r)
             if fp in seen:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..log import retired_at
+from ..log import death_kind, retired_at
 from ..records import iso_to_epoch
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class Timeline:
             self.expires = np.concatenate([self.expires, [NEVER if t is None else t for t in expires]])
             self.retired = np.concatenate([self.retired, np.full(n - start, NEVER)])
         for pos in scan.deaths[self._deaths:]:
-            when = None if scan.dead[pos].get("reason") == "redacted" else iso_to_epoch(retired_at(scan, pos))
+            when = None if death_kind(scan.dead[pos]) == "redact" else iso_to_epoch(retired_at(scan, pos))
             self.retired[pos] = ALWAYS if when is None else when
         self._deaths = len(scan.deaths)
         return self
