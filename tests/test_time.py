@@ -282,3 +282,18 @@ def test_a_retirement_without_a_time_or_tied_in_time_gives_one_answer_whichever_
             seen.add((scan.dead[0]["reason"], retired_at(scan, 0)))
         assert len(seen) == 1, (first, second, seen)
     assert retired_at(_state(x, named), 0) == "2026-02-01T00:00:00Z"  # a forget, whatever its reason says
+
+
+def test_a_forget_whose_reason_reads_superseded_survives_an_export_and_import(project, tmp_path):
+    assert index_records(project, [rec("deploy on green", id="x")]).code == 0
+    assert forget(project, "x", "superseded").code == 0
+    exported = tmp_path / "export.jsonl"
+    assert run_cli(["memory-export", "--root", str(project), str(exported)]).code == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    assert run_cli(["memory-init", "--root", str(other)]).code == 0
+    from .conftest import write_config
+
+    write_config(other, provider="hash", model="hash-256", near_duplicate=None)
+    assert run_cli(["memory-import", "--root", str(other), str(exported)]).code == 0
+    assert not get(other, "x").json["records"][0]["live"]
