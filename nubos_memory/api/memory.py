@@ -716,7 +716,7 @@ class Memory:
         ``git.worktree``): the code they cite is that worktree's, not this one's files, so nothing here retires
         or moves them (a forget retires an id in every worktree).  A record of a worktree since removed, or of
         a teammate's checkout laid out otherwise, is this worktree's to check."""
-        from ..store.worktrees import worktree_exists
+        from ..store import worktree_exists
 
         here = (self.git.stamp() or {}).get("worktree")
         out = set()

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from .usage import parse_duration
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..config import Project
     from .base import Store
     from .worktrees import Scope
@@ -39,4 +41,12 @@ def scope(project: "Project") -> "Scope":
     return resolve_scope(project)
 
 
-__all__ = ["open_store", "parse_duration", "scope"]
+def worktree_exists(root: "Path", stamp: str) -> bool:
+    """Whether a record's ``git.worktree`` stamp names a worktree of ``root``'s repository now
+    (``worktrees.worktree_exists``)."""
+    from .worktrees import worktree_exists as exists
+
+    return exists(root, stamp)
+
+
+__all__ = ["open_store", "parse_duration", "scope", "worktree_exists"]
