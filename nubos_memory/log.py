@@ -114,8 +114,8 @@ GROUP_OPS = ("group", "commit", "rollback")
 # How lines become the state; derived state saved with the positions it gave (a checkpoint, the lexical
 # cache) is of other rules when this changes (2: a copy of a retired version no longer brings its id back;
 # 3: a record retired twice is retired by the earlier retirement; 4: a copy of any retired version, and a
-# supersede's time by its record's position)
-READ_RULES = 5  # (5: a redaction's death says so by its kind, not its reason; ties of retirement times)
+# supersede's time by its record's position; 5: a redaction's death says so by its kind, ties in time)
+READ_RULES = 5
 MAX_VERSIONS_CHECKED = 64  # the newest earlier versions of an id a line is compared with (``copy_of_retired``)
 MAX_QUESTION_CHARS = 1000  # of one HyPE question in a questions op
 
@@ -683,8 +683,8 @@ def _forget(scan: LogScan, op: dict[str, Any], number: int) -> None:
 
 def _retire_earlier(scan: LogScan, rid: str, why: dict[str, Any], when: Any) -> None:
     """A forget or supersede (``why``, at ``when``) of ``rid`` read after its latest version was retired: the
-    earlier of the two retires it, whichever line a merge put first (a retirement older than that version
-    was of one before it; a redaction, or one the log gives no time for, stands)."""
+    earlier of the two retires it, whichever line a merge put first (one without a time counts from always;
+    a retirement older than that version was of one before it; a redaction stands)."""
     pos = scan.position.get(rid)
     if pos is None or pos not in scan.dead or death_kind(scan.dead[pos]) == "redact":
         return
