@@ -42,7 +42,8 @@ retired): a git merge orders two branches' lines by who merged, and a
 cherry-pick or a teammate's ingest of the same note brings an old line after
 the retirement, which must not undo it whichever way the lines fell.  A version
 retired twice (two forgets, a forget and a supersede, two supersedes) is retired
-by the earlier of them, whichever line came first (``_retire_earlier``).  A record
+by the earlier of them, whichever line came first (``_retire_earlier``), and a
+retirement never retires a version written after it (``written_by``).  A record
 line without an ``id`` (written by hand) gets a stable id derived from its
 content (``records.py``).
 
@@ -114,8 +115,9 @@ GROUP_OPS = ("group", "commit", "rollback")
 # How lines become the state; derived state saved with the positions it gave (a checkpoint, the lexical
 # cache) is of other rules when this changes (2: a copy of a retired version no longer brings its id back;
 # 3: a record retired twice is retired by the earlier retirement; 4: a copy of any retired version, and a
-# supersede's time by its record's position; 5: a redaction's death says so by its kind, ties in time)
-READ_RULES = 5
+# supersede's time by its record's position; 5: a redaction's death says so by its kind, ties in time;
+# 6: a forget or supersede never retires a version written after it)
+READ_RULES = 6
 MAX_VERSIONS_CHECKED = 64  # the newest earlier versions of an id a line is compared with (``copy_of_retired``)
 MAX_QUESTION_CHARS = 1000  # of one HyPE question in a questions op
 
@@ -642,11 +644,11 @@ def _record(scan: LogScan, rec: Record, number: int) -> None:
     if old is not None:
         replaced = scan.live(old)
         why = {"line": number, "reason": "superseded", "by": rid, "position": at}
-        if replaced is not None and replaced != at:
+        if replaced is not None and replaced != at and written_by(scan.records[replaced], rec.get("created_at")):
             scan.dead[replaced] = why
             scan.deaths.append(replaced)
-        elif replaced is None and old != rid:
-            _retire_earlier(scan, old, why, rec.get("created_at"))
+        elif old != rid:
+            _retire_earlier(scan, _retired_version(scan, old, replaced), why, rec.get("created_at"))
 
 
 def copy_of_retired(scan: LogScan, rec: Record) -> bool:
@@ -674,24 +676,38 @@ def _forget(scan: LogScan, op: dict[str, Any], number: int) -> None:
         scan.forgets.append(op)
     target = scan.live(op["id"])
     why = {"line": number, "reason": forget_reason(op), "at": op.get("at")}
-    if target is not None:
+    if target is not None and written_by(scan.records[target], op.get("at")):
         scan.dead[target] = why
         scan.deaths.append(target)
     else:
-        _retire_earlier(scan, op["id"], why, op.get("at"))
+        _retire_earlier(scan, _retired_version(scan, op["id"], target), why, op.get("at"))
 
 
-def _retire_earlier(scan: LogScan, rid: str, why: dict[str, Any], when: Any) -> None:
-    """A forget or supersede (``why``, at ``when``) of ``rid`` read after its latest version was retired: the
+def _retired_version(scan: LogScan, rid: str, live: int | None) -> int | None:
+    """The newest retired version of ``rid``: its latest (none is live), or the one before the live one."""
+    if live is None:
+        return scan.position.get(rid)
+    before = scan.earlier.get(rid)
+    return before[-1] if before else None
+
+
+def written_by(rec: Record, when: Any) -> bool:
+    """Whether ``rec`` was written no later than ``when`` (a retirement's time; none: always; a record without
+    a time counts as the oldest): a retirement never retires a version written after it (a merge can put its
+    line after a re-add made on another branch)."""
+    then, created = iso_to_epoch(when), iso_to_epoch(rec.get("created_at"))
+    return then is None or created is None or created <= then
+
+
+def _retire_earlier(scan: LogScan, pos: int | None, why: dict[str, Any], when: Any) -> None:
+    """A forget or supersede (``why``, at ``when``) read after the version at ``pos`` was retired: the
     earlier of the two retires it, whichever line a merge put first (one without a time counts from always;
     a retirement older than that version was of one before it; a redaction stands)."""
-    pos = scan.position.get(rid)
     if pos is None or pos not in scan.dead or death_kind(scan.dead[pos]) == "redact":
         return
     now = retired_at(scan, pos)
     new, then = iso_to_epoch(when), iso_to_epoch(now)
-    created = iso_to_epoch(scan.records[pos].get("created_at"))
-    if new is not None and created is not None and created > new:
+    if not written_by(scan.records[pos], when):
         return  # (older than this version: it retired one before it)
     # (no time counts from always; a tie goes to the smaller of the two, the same whichever line came first)
     first = (-math.inf if new is None else new, why.get("by") or "", why["reason"])

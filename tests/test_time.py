@@ -297,3 +297,16 @@ def test_a_forget_whose_reason_reads_superseded_survives_an_export_and_import(pr
     write_config(other, provider="hash", model="hash-256", near_duplicate=None)
     assert run_cli(["memory-import", "--root", str(other), str(exported)]).code == 0
     assert not get(other, "x").json["records"][0]["live"]
+
+
+def test_a_forget_never_retires_a_version_written_after_it_whichever_way_a_merge_put_the_lines():
+    from nubos_memory.log import retired_at
+
+    x = _line("x", "deploy on green", "2026-01-01T00:00:00Z")
+    drop_a = {"op": "forget", "id": "x", "at": "2026-02-01T00:00:00Z", "reason": "dropA"}  # branch a
+    drop_b = {"op": "forget", "id": "x", "at": "2026-02-15T00:00:00Z", "reason": "dropB"}  # branch b, then ...
+    canary = _line("x", "deploy on canary", "2026-03-01T00:00:00Z")  # ... b says it anew
+    for order in ([x, drop_a, drop_b, canary], [x, drop_b, canary, drop_a]):
+        scan = _state(*order)
+        assert scan.records[scan.live("x")]["title"] == "deploy on canary", order
+        assert (scan.dead[0]["reason"], retired_at(scan, 0)) == ("dropA", "2026-02-01T00:00:00Z"), order

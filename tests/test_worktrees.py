@@ -572,3 +572,14 @@ def test_a_merged_record_of_a_worktree_since_removed_is_pruned_where_its_code_we
     git(main, "commit", "-q", "-m", "gone")
     pruned = run_cli(["memory-prune", "--root", str(main), "--anchors-missing"]).json
     assert pruned["retired"] == [out.json["id"]] and pruned["other_worktrees"] == [], pruned
+
+
+def test_a_record_written_after_another_worktrees_forget_of_its_id_stays_live_everywhere(repo):
+    a, b = repo["a"], repo["b"]
+    assert index_records(a, [rec("one", id="r1")]).code == 0
+    assert run_cli(["memory-forget", "--root", str(a), "r1"]).code == 0
+    out = index_records(b, [rec("one, said again", id="r1")])  # (after the forget: a new statement of r1)
+    assert out.code == 0 and out.json["ids"] == ["r1"], out.json
+    for root in (a, b, repo["main"]):
+        got = run_cli(["memory-get", "--root", str(root), "r1"]).json["records"][0]
+        assert got["live"] and got["record"]["title"] == "one, said again", (root.name, got)

@@ -55,6 +55,7 @@ from ..log import (
     pin_op,
     read,
     restart,
+    written_by,
 )
 from ..trust import file_sha256
 from .files import RECORDS, FileStore
@@ -412,14 +413,18 @@ class WorktreeStore(FileStore):
 
     def _retire_across(self, scan: LogScan, start: int, folder: str | None) -> None:
         """Records read from ``folder``'s log (None: this worktree's) from ``start`` on that another
-        worktree's log forgets: retired, wherever that forget was read (the logs have no order between them)."""
+        worktree's log forgets: retired, wherever that forget was read (the logs have no order between them),
+        unless written after it (``created_at`` later than its ``at``: a new statement of that id, live as it
+        is when one log forgets and adds again; a forget without a time retires every version)."""
         if not self._retired:
             return
         for pos in range(start, len(scan.records)):
-            rid = scan.records[pos]["id"]
+            rec = scan.records[pos]
+            forgets = self._retired.get(rec["id"], {})
             # (a log that forgets an id and adds it again after is still retired by another log's forget)
-            found = next((f for f in self._retired.get(rid, ()) if f != folder), None)
-            if found is not None and scan.live(rid) == pos:
+            found = next((f for f, why in forgets.items() if f != folder and written_by(rec, why.get("at"))), None)
+            if found is not None and scan.live(rec["id"]) == pos:
+                rid = rec["id"]
                 scan.dead[pos] = {"line": scan.line_of[pos], **self._retired[rid][found], "worktree": found}
                 scan.deaths.append(pos)
 
