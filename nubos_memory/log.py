@@ -359,9 +359,14 @@ def _excerpt(raw: bytes) -> str:
     return raw[:EXCERPT].decode("utf-8", "replace")
 
 
-def forget_op(rid: str, reason: str = "forgotten") -> dict[str, Any]:
-    """The log line that retires a record."""
-    return {"op": "forget", "id": rid, "at": now_iso(), "reason": reason}
+def forget_op(rid: str, reason: str = "forgotten", version: Record | None = None) -> dict[str, Any]:
+    """The log line that retires a record: now, or ``version``'s ``created_at`` (the version it retires) where
+    that is later (another machine's clock ahead), so that it retires that version (``written_by``)."""
+    at = now_iso()
+    made = version.get("created_at") if version is not None else None
+    if isinstance(made, str) and (t := iso_to_epoch(made)) is not None and t > (iso_to_epoch(at) or 0.0):
+        at = made
+    return {"op": "forget", "id": rid, "at": at, "reason": reason}
 
 
 def _gid(obj: dict[str, Any]) -> str | None:

@@ -310,3 +310,17 @@ def test_a_forget_never_retires_a_version_written_after_it_whichever_way_a_merge
         scan = _state(*order)
         assert scan.records[scan.live("x")]["title"] == "deploy on canary", order
         assert (scan.dead[0]["reason"], retired_at(scan, 0)) == ("dropA", "2026-02-01T00:00:00Z"), order
+
+
+def test_a_record_from_a_machine_whose_clock_is_ahead_is_still_forgotten_and_superseded(project):
+    from datetime import UTC, datetime, timedelta
+
+    ahead = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    assert index_records(project, [rec("deploy on green", id="x", created_at=ahead),
+                                   rec("deploy on blue", id="z", created_at=ahead)]).code == 0
+    assert forget(project, "x").code == 0
+    assert not get(project, "x").json["records"][0]["live"]
+    out = index_records(project, [rec("deploy on canary", id="y", supersedes="z")])
+    assert out.code == 0, out.err
+    got = get(project, "z", "y").json["records"]
+    assert not got[0]["live"] and got[0]["retired"]["by"] == "y" and got[1]["live"], got

@@ -20,7 +20,7 @@ from .. import codes
 from ..errors import EmbeddingError, InputError, RebuildRequired, StoreError
 from ..faults import crash_point
 from ..index.vectors import usable
-from ..log import LogScan, copy_of_retired, death_kind, forget_op, hot_record
+from ..log import LogScan, copy_of_retired, death_kind, forget_op, hot_record, written_by
 from ..records import embed_text, recency
 from ..search.dedup import find_exact, fingerprint, nearest, within_batch
 from .gitstate import stamp_git
@@ -132,7 +132,10 @@ class WritePath:
                             continue
                         reasserted[i] = {"repeats": scan.records[hit]["id"], "over": newer}
                 old = r.get("supersedes")
-                if old is not None and scan.live(old) is None and old not in batch_ids:
+                replaced = scan.live(old) if old is not None else None
+                if replaced is not None and not written_by(scan.records[replaced], r.get("created_at")):
+                    r = {**r, "created_at": scan.records[replaced]["created_at"]}  # (its writer's clock was ahead)
+                if old is not None and replaced is None and old not in batch_ids:
                     raise InputError(f"record {i} supersedes {old!r}, which is not a live record; nothing was written",
                                      code=codes.RECORD_SUPERSEDES_UNKNOWN,
                                      details={"index": i, "id": r["id"], "supersedes": old, "written": 0})
@@ -316,9 +319,10 @@ class WritePath:
             raise InputError(f"no record has the id {unknown[0]!r}; nothing was forgotten",
                              code=codes.RECORD_NOT_FOUND, details={"ids": unknown[:50], "written": 0})
         for rid in forget:
-            if scan.live(rid) is None:
+            pos = scan.live(rid)
+            if pos is None:
                 already.append(rid)
             else:
-                ops.append(forget_op(rid, reasons.get(rid, reason)))
+                ops.append(forget_op(rid, reasons.get(rid, reason), scan.records[pos]))
                 forgotten.append(rid)
         return ops, forgotten, already
