@@ -324,3 +324,17 @@ def test_a_record_from_a_machine_whose_clock_is_ahead_is_still_forgotten_and_sup
     assert out.code == 0, out.err
     got = get(project, "z", "y").json["records"]
     assert not got[0]["live"] and got[0]["retired"]["by"] == "y" and got[1]["live"], got
+
+
+def test_an_import_reads_as_its_source_when_a_merge_put_the_earlier_forget_after_a_re_add(project, tmp_path):
+    x = _line("x", "deploy on green", "2026-01-01T00:00:00Z")
+    lines = [x, {"op": "forget", "id": "x", "at": "2026-02-15T00:00:00Z", "reason": "dropB"},
+             _line("x", "deploy on canary", "2026-03-01T00:00:00Z"),
+             {"op": "forget", "id": "x", "at": "2026-02-01T00:00:00Z", "reason": "dropA"}]
+    source = tmp_path / "merged.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert _state(*lines).records[_state(*lines).live("x")]["title"] == "deploy on canary"
+    out = run_cli(["memory-import", "--root", str(project), str(source)])
+    assert out.code == 0, out.err
+    got = get(project, "x").json["records"][0]
+    assert got["live"] and got["record"]["title"] == "deploy on canary", got

@@ -56,13 +56,15 @@ def history(scan: LogScan) -> list[dict[str, Any]]:
     """A log's history as the lines that replay it, in its order: every record version, every
     retirement that is not a supersede (a superseding record's own line replays that) as a forget line
     with its original time and reason, and HyPE's questions."""
-    events: list[tuple[int, dict[str, Any]]] = [(scan.line_of[pos], dict(hot_record(scan, pos)))  # pins kept
-                                                for pos in range(len(scan.records))]
+    events: list[tuple[float, dict[str, Any]]] = [(scan.line_of[pos], dict(hot_record(scan, pos)))  # pins kept
+                                                  for pos in range(len(scan.records))]
     for pos, why in scan.dead.items():
         if death_kind(why) != "forget":
             continue
-        events.append((int(why["line"]), {"op": "forget", "id": scan.records[pos]["id"], "at": why.get("at"),
-                                          "reason": why.get("reason") or "forgotten"}))
+        # (right after the version it retired: a merge may have put its line after a later version, which
+        # replayed after it would read as a duplicate of a live record)
+        events.append((scan.line_of[pos] + 0.5, {"op": "forget", "id": scan.records[pos]["id"], "at": why.get("at"),
+                                                 "reason": why.get("reason") or "forgotten"}))
     for pos, asked in scan.questions.items():  # HyPE's questions travel with their record (never re-asked)
         events.append((int(asked["line"]), {"op": "questions", "id": scan.records[pos]["id"],
                                             **{k: asked[k] for k in ("questions", "model", "at")}}))
