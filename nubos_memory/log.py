@@ -710,10 +710,9 @@ def _retire_earlier(scan: LogScan, pos: int | None, why: dict[str, Any], when: A
     a retirement older than that version was of one before it; a redaction stands)."""
     if pos is None or pos not in scan.dead or death_kind(scan.dead[pos]) == "redact":
         return
-    now = retired_at(scan, pos)
-    new, then = iso_to_epoch(when), iso_to_epoch(now)
     if not written_by(scan.records[pos], when):
         return  # (older than this version: it retired one before it)
+    new, then = iso_to_epoch(when), iso_to_epoch(retired_at(scan, pos))
     # (no time counts from always; a tie goes to the smaller of the two, the same whichever line came first)
     first = (-math.inf if new is None else new, why.get("by") or "", why["reason"])
     standing = (-math.inf if then is None else then, scan.dead[pos].get("by") or "", scan.dead[pos]["reason"])

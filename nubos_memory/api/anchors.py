@@ -343,15 +343,15 @@ def relocated(stored: list[dict[str, Any]], checked: list[dict[str, Any]], commi
     return out
 
 
-def uncommitted_moves(moved: dict[str, list[dict[str, Any]]], scan: "LogScan", check: AnchorCheck) -> set[str]:
-    """Of the records ``verify_anchors`` found moved (their anchors where the code is now), those whose code
-    moved into a file git holds changes of (staged, unstaged or untracked): a change not committed may be
-    abandoned, and an anchor recorded there would cite nothing.  Outside git: none."""
+def uncommitted_moves(moved: dict[str, list[dict[str, Any]]], stored: dict[str, Any], check: AnchorCheck
+                      ) -> set[str]:
+    """Of the records ``verify_anchors`` found moved (their anchors where the code is now; ``stored``: their
+    anchors as the log holds them), those whose code moved into a file git holds changes of (staged, unstaged
+    or untracked): a change not committed may be abandoned, and an anchor recorded there would cite nothing.
+    Outside git: none."""
     targets: dict[str, set[str]] = {}
     for rid, anchors in moved.items():
-        pos = scan.live(rid)
-        stored = scan.records[pos].get("anchors") or [] if pos is not None else []
-        for old, new in zip(stored, anchors):
+        for old, new in zip(stored.get(rid) or [], anchors):
             if old != new:
                 targets.setdefault(new["path"], set()).add(rid)
     if not targets or check.commit() is None:

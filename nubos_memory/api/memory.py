@@ -738,12 +738,12 @@ class Memory:
         checked = self.scan()
         report = verify_anchors(checked, self.anchors)
         updated: list[str] = []
-        uncommitted = sorted(uncommitted_moves(report["moved"], checked, self.anchors)) if update else []
+        # (as checked: anchors another writer moved since are left to it; a move into code not committed
+        # is not recorded, for the change may be abandoned and the record would cite nothing)
+        was = {rid: checked.records[pos].get("anchors") for rid in report["moved"]
+               if (pos := checked.live(rid)) is not None}
+        uncommitted = sorted(uncommitted_moves(report["moved"], was, self.anchors)) if update else []
         if update and report["moved"]:
-            # (as checked: anchors another writer moved since are left to it; a move into code not committed
-            # is not recorded, for the change may be abandoned and the record would cite nothing)
-            was = {rid: checked.records[pos].get("anchors") for rid in report["moved"]
-                   if (pos := checked.live(rid)) is not None}
             with self.store.lock("memory-verify"):
                 scan, _ = settled_scan(self.snap, self.store)
                 elsewhere = self._cited_elsewhere(scan, list(report["moved"]))
