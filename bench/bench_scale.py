@@ -129,6 +129,17 @@ def once(fn: Callable[[], object]) -> float:
     return timed(fn, 1)[0]
 
 
+def helper_peak_rss_mb(embedder: ModelEmbedder) -> float | None:
+    """The query helper process's peak RSS (VmHWM), if it runs."""
+    proc = getattr(getattr(embedder, "_helper", None), "_proc", None)
+    try:
+        status = Path(f"/proc/{proc.pid}/status").read_text() if proc is not None else ""
+    except OSError:
+        return None
+    found = [line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")]
+    return int(found[0]) / 1024 if found else None
+
+
 def exact_top10(vecs: np.ndarray, q: np.ndarray) -> np.ndarray:
     """What a bare numpy exact scan does for the top 10 (unsorted)."""
     return np.argpartition(-(vecs @ q), 10)[:10]
@@ -201,6 +212,51 @@ def index_throughput(base: list[dict[str, Any]], st: Any, model: Any) -> dict[st
     return out
 
 
+def warm_queries(mem: Memory, queries: list[str], st: ModelEmbedder, exact_queries: ModelEmbedder,
+                 in_process: ModelEmbedder, model: Any) -> dict[str, Any]:
+    """The warm hybrid query timings, each query beside the bare encode of its text."""
+    out: dict[str, Any] = {}
+    for warm_up in (exact_queries, in_process, st):
+        mem.use_embedder(warm_up)
+        mem.query("warm up the model")
+    # Queries embedded as memory-serve embeds them: the model's int8 copy (adr/0022) in a helper process
+    # beside the query's other stages (adr/0023; interfaces/warm.py asks for it), once it is ready.
+    st.use_query_helper()
+    st.search_ahead("start the helper")
+    started = time.monotonic()
+    while st.query_helper() == "starting" and time.monotonic() - started < 120:
+        time.sleep(0.05)
+    out["query_helper"] = st.query_helper()
+    # Hybrid queries, the raw model, hybrid queries embedded by the exact model, and by the int8 copy in
+    # this process, on the same 200 query texts, interleaved, so that all see the same machine load; the
+    # first two's difference is what the product adds to the embedding, the third what the int8 copy
+    # saves, the fourth what the helper saves.
+    lat: list[float] = []
+    raw: list[float] = []
+    lat_exact: list[float] = []
+    lat_in_process: list[float] = []
+    for q in queries:
+        t = time.perf_counter()
+        mem.query(q, k=10)
+        lat.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        model.encode([q], normalize_embeddings=True, show_progress_bar=False)
+        raw.append((time.perf_counter() - t) * 1000)
+        for other, times in ((exact_queries, lat_exact), (in_process, lat_in_process)):
+            mem.use_embedder(other)
+            t = time.perf_counter()
+            mem.query(q, k=10)
+            times.append((time.perf_counter() - t) * 1000)
+        mem.use_embedder(st)
+    out["hybrid_warm_ms"] = {"p50": p(lat, 50), "p95": p(lat, 95)}
+    out["hybrid_warm_exact_queries_ms"] = {"p50": p(lat_exact, 50), "p95": p(lat_exact, 95)}
+    out["hybrid_warm_in_process_ms"] = {"p50": p(lat_in_process, 50), "p95": p(lat_in_process, 95)}
+    out["raw_encode_query_ms_p50"] = p(raw, 50)
+    out["hybrid_minus_raw_encode_ms_p50"] = p([a - b for a, b in zip(lat, raw)], 50)
+    out["query_helper_peak_rss_mb"] = helper_peak_rss_mb(st)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1000,10000,100000")
@@ -212,6 +268,7 @@ def main() -> None:
     queries = [json.loads(line)["text"] for line in (data / "queries.jsonl").open()][: args.queries]
     st = ModelEmbedder(DEFAULT_MODEL)
     exact_queries = ModelEmbedder(DEFAULT_MODEL, queries="exact")  # the same model, queries embedded exactly
+    in_process = ModelEmbedder(DEFAULT_MODEL)  # int8 queries embedded in this process (a one-shot call's way)
     cached = CachedEmbedder(st, cache_dir())
     base = real_texts(min(max(sizes, default=10_000), 10_000), data)
     t = time.perf_counter()
@@ -240,30 +297,7 @@ def main() -> None:
         row: dict[str, Any] = {}
         mem, build_s = make_memory(root, emb, recs)
         row["build_s"] = build_s
-        mem.use_embedder(exact_queries)
-        mem.query("warm up the exact model")
-        mem.use_embedder(st)  # queries embed for real (the model's int8 copy: adr/0022)
-        mem.query("warm up the model")
-        # Hybrid queries, the raw model and hybrid queries embedded by the exact model on the same 200 query
-        # texts, interleaved, so that all see the same machine load; the first two's difference is what the
-        # product adds to the embedding, the third what the int8 copy saves.
-        lat, raw, lat_exact = [], [], []
-        for q in queries:
-            t = time.perf_counter()
-            mem.query(q, k=10)
-            lat.append((time.perf_counter() - t) * 1000)
-            t = time.perf_counter()
-            model.encode([q], normalize_embeddings=True, show_progress_bar=False)
-            raw.append((time.perf_counter() - t) * 1000)
-            mem.use_embedder(exact_queries)
-            t = time.perf_counter()
-            mem.query(q, k=10)
-            lat_exact.append((time.perf_counter() - t) * 1000)
-            mem.use_embedder(st)
-        row["hybrid_warm_ms"] = {"p50": p(lat, 50), "p95": p(lat, 95)}
-        row["hybrid_warm_exact_queries_ms"] = {"p50": p(lat_exact, 50), "p95": p(lat_exact, 95)}
-        row["raw_encode_query_ms_p50"] = p(raw, 50)
-        row["hybrid_minus_raw_encode_ms_p50"] = p([a - b for a, b in zip(lat, raw)], 50)
+        row.update(warm_queries(mem, queries, st, exact_queries, in_process, model))
         lat_lex = [once(functools.partial(mem.query, q, k=10, mode="lexical")) for q in queries]
         row["lexical_warm_ms_p50"] = p(lat_lex, 50)
         _, maybe_index, _ = mem.snap.vectors()
@@ -337,6 +371,10 @@ def main() -> None:
         # check-cache's settle window: a derived file written in the last SETTLE_S seconds (the rebuild just
         # above) is hashed by every reader (store/verified.py), which an agent's next call would not meet.
         time.sleep(SETTLE_S + 0.5)
+        # The first call after the rebuild writes the log's checkpoint (store/checkpoint.py), which the next
+        # calls within SETTLE_S hash again: timed alone, then the calls after the window.
+        row["cold_stats_first_ms"] = cli(root, "memory-stats")
+        time.sleep(SETTLE_S + 0.5)
         row["cold_stats_ms"] = statistics.median(cli(root, "memory-stats") for _ in range(5))
         row["cold_lexical_query_ms"] = statistics.median(
             cli(root, "memory-query", "--mode", "lexical", queries[3]) for _ in range(5))
@@ -384,12 +422,15 @@ def print_tables(results: dict[str, Any]) -> None:
               f"| {r['warm_add_ms_p50']:.0f} | {r['rebuild_cached_s']:.1f} "
               f"| {r['cold_stats_ms']:.0f} / {r['cold_lexical_query_ms']:.0f} / {r.get('cold_hybrid_query_ms', float('nan')):.0f} "
               f"| {r['python_startup_ms']:.0f} | {r['warm_peak_rss_mb'] or 0:.0f} |")
-    print("\n| records | hybrid warm p50, int8 queries ms | same, exact queries ms | raw encode ms "
-          "| int8 / raw | exact / raw |\n|---|---|---|---|---|---|")
+    print("\n| records | hybrid warm p50, int8 queries, helper ms | same, in process ms | same, exact queries ms "
+          "| raw encode ms | helper / raw | in process / raw | exact / raw | helper peak RSS MB |"
+          "\n|---|---|---|---|---|---|---|---|---|")
     for n, r in sizes.items():
         raw = r["raw_encode_query_ms_p50"]
         fast, exact = r["hybrid_warm_ms"]["p50"], r["hybrid_warm_exact_queries_ms"]["p50"]
-        print(f"| {int(n):,} | {fast:.1f} | {exact:.1f} | {raw:.1f} | {fast / raw:.2f} | {exact / raw:.2f} |")
+        alone = r["hybrid_warm_in_process_ms"]["p50"]
+        print(f"| {int(n):,} | {fast:.1f} | {alone:.1f} | {exact:.1f} | {raw:.1f} | {fast / raw:.2f} | {alone / raw:.2f} "
+              f"| {exact / raw:.2f} | {r.get('query_helper_peak_rss_mb') or 0:.0f} ({r.get('query_helper')}) |")
     print("\n| index throughput | records | pieces | memory-index rec/s | raw encode, same pieces | ratio "
           "| raw encode, truncated | ratio |")
     print("|---|---|---|---|---|---|---|---|")
@@ -436,9 +477,11 @@ def target_checks(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         check(f"HNSW recall@10 @ {int(n):,}, shipped ef{used}", r["hnsw_recall@10"], ">= 0.98",
               r["hnsw_recall@10"] >= 0.98)
     r100 = get("100000") or get(100000)
-    if r100 and r100.get("cold_hybrid_query_ms"):
-        check("one-shot hybrid query @ 100k, ONNX (issue 27)", r100["cold_hybrid_query_ms"], "<= 600 ms",
-              r100["cold_hybrid_query_ms"] <= 600, " ms")
+    for key, name, limit in (("cold_hybrid_query_ms", "one-shot hybrid query, ONNX", 600),
+                             ("cold_stats_ms", "one-shot memory-stats (after the checkpoint's settle window)", 300),
+                             ("cold_lexical_query_ms", "one-shot lexical query", 300)):
+        if r100 and r100.get(key):
+            check(f"{name} @ 100k (issue 27)", r100[key], f"<= {limit} ms", r100[key] <= limit, " ms")
     if r100 and r100["warm_peak_rss_mb"]:
         check("warm peak RSS @ 100k", r100["warm_peak_rss_mb"], "<= 1536 MB", r100["warm_peak_rss_mb"] <= 1536, " MB")
     return checks

@@ -32,6 +32,7 @@ from .limits import (
     MAX_QUESTIONS,
     PROVIDERS,
     QUERY_EMBEDDINGS,
+    QUERY_HELPERS,
     RUNTIMES,
     SIDE_WEIGHTS,
     WORKTREES,
@@ -49,7 +50,7 @@ CONFIG_FILE = "config.json"
 CHOICES: dict[str, tuple[str, ...]] = {"provider": PROVIDERS, "fusion": FUSIONS, "context": CONTEXTS,
                                        "runtime": RUNTIMES, "device": DEVICES, "backend": BACKENDS,
                                        "worktrees": WORKTREES, "side_weights": SIDE_WEIGHTS,
-                                       "queries": QUERY_EMBEDDINGS}
+                                       "queries": QUERY_EMBEDDINGS, "query_helper": QUERY_HELPERS}
 DSN_ENV = "NUBOS_MEMORY_DSN"
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -108,6 +109,7 @@ class MemoryConfig:
     runtime: str = "auto"  # what runs the model: auto (ONNX when exact, else torch), onnx, torch (adr/0012)
     device: str = "auto"  # auto (a GPU for batches when there is one), cpu, cuda, mps
     queries: str = "int8"  # what embeds a search query on ONNX: the model's int8 copy, or "exact" (adr/0022)
+    query_helper: str = "auto"  # a warm process embeds its int8 queries in a helper process beside the query (adr/0023)
     candidates: int = 100
     types: tuple[str, ...] = ()
     lock_timeout: float = 30.0

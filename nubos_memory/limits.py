@@ -51,6 +51,7 @@ MAX_GENERATOR_CALL_S = 120.0  # the most one call to the generator may take, ret
 MAX_QUESTIONS = 10  # HyPE: questions per record, at most
 RUNTIMES = ("auto", "onnx", "torch")
 QUERY_EMBEDDINGS = ("int8", "exact")  # memory.queries: what embeds a search query (adr/0022)
+QUERY_HELPERS = ("auto", "off")  # memory.query_helper: a warm process embeds its queries in a helper process (adr/0023)
 DEVICES = ("auto", "cpu", "cuda", "mps")
 BACKENDS = ("files", "postgres")
 SIDE_WEIGHTS = ("auto", "off")  # memory.side_weights: z fusion's weight estimated per memory (issue 24), or memory.alpha

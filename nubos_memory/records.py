@@ -33,6 +33,7 @@ import re
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, cast
 
 from . import codes
@@ -100,8 +101,11 @@ def now_iso() -> str:
 
 def iso_to_epoch(value: Any) -> float | None:
     """Seconds since the epoch of an ISO-8601 timestamp with a zone, else None."""
-    if not isinstance(value, str):
-        return None
+    return _epoch(value) if isinstance(value, str) else None
+
+
+@lru_cache(maxsize=1 << 14)  # (a query orders each hit's near duplicates by time: records written together share one)
+def _epoch(value: str) -> float | None:
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:

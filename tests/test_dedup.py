@@ -120,12 +120,90 @@ def test_near_duplicates_differing_in_plain_words_are_decided_without_their_mark
     older = [{"title": "Pin pnpm", "body": body + f"(seen once ⟨v{i}⟩)"} for i in range(5)]
     dedup.forget_texts()
     assert dedup.contradictions(newer, older) == [None] * 5
-    assert dedup._marks.cache_info().misses == 0  # no text was read whole
+    assert dedup.KEPT.made == 0  # no text was read whole
     assert dedup.contradictions(newer, [{"title": "Pin pnpm", "body": body + "(seen 3 times)"}]) == ["number"]
     assert dedup.contradictions(newer, [{"title": "Pin pnpm", "body": body + "(not seen)"}]) == ["negation"]
     # texts that differ in much of their text are decided by their marks, each kept per text
     rewritten = {"title": "Pin pnpm", "body": "Corepack pins pnpm; the CI cache stays valid. " * 3}
-    assert dedup.contradictions(newer, [rewritten]) == ["version"] and dedup._marks.cache_info().misses == 4
+    assert dedup.contradictions(newer, [rewritten]) == ["version"] and dedup.KEPT.made == 4
+
+
+def _set_marks(title, body):
+    """The marks as sets, read as they were before they were kept as one string (the reference)."""
+    from nubos_memory.search import dedup
+
+    words = {w if w.isalnum() else dedup._word(w) for w in set(dedup._words(f"{title} {body}"))}
+    words.discard("")
+    digits = [w for w in words if not w.isalpha()]
+    return (frozenset(w for w in digits if dedup._VERSION.match(w)), frozenset(w for w in digits if dedup._NUMBER.match(w)),
+            bool(words & dedup.NEGATIONS))
+
+
+def _set_differs(a, b):
+    return next((kind for kind, x, y in zip(("version", "number", "negation"), a, b) if x != y), None)
+
+
+@settings(max_examples=400, deadline=None)
+@given(mine=st.lists(st.sampled_from(_TRICKY), max_size=10), theirs=st.lists(st.sampled_from(_TRICKY), max_size=10),
+       sep=st.sampled_from([" ", "", "\n", "\x1f"]))
+def test_marks_kept_as_one_string_tell_what_the_sets_tell(mine, theirs, sep):
+    """A text's marks are kept as one string (a warm process keeps one per text: issue 27); two strings
+    differ exactly where the versions, numbers or negation sets differ, and in the same order of kinds."""
+    from nubos_memory.search import dedup
+
+    a, b = sep.join(mine), sep.join(theirs)
+    assert dedup._differs(dedup._marks("t", a), dedup._marks("t", b)) == _set_differs(_set_marks("t", a),
+                                                                                       _set_marks("t", b))
+
+
+@settings(max_examples=300, deadline=None)
+@given(base=st.lists(st.sampled_from(_TRICKY), max_size=12),
+       edits=st.lists(st.tuples(st.integers(0, 12), st.sampled_from(_TRICKY)), max_size=3))
+def test_texts_whose_marks_are_kept_are_compared_by_them_alone_with_the_same_answer(base, edits):
+    """Where this process keeps both texts' marks, a pair is decided from them, reading neither text,
+    and the answer is the one read from where the texts differ."""
+    from nubos_memory.search import dedup
+
+    other = list(base)
+    for at, word in edits:
+        other.insert(min(at, len(other)), word)
+    newer, older = {"title": "T", "body": " ".join(base)}, {"title": "T", "body": " ".join(other)}
+    dedup.forget_texts()
+    from_texts = dedup.contradictions(newer, [older])
+    dedup.forget_texts()
+    dedup.KEPT.remember([newer, older])
+    made, pairs = dedup.KEPT.made, dedup._contradiction.cache_info().misses
+    assert dedup.contradictions(newer, [older]) == from_texts
+    assert dedup.KEPT.made == made and dedup._contradiction.cache_info().misses == pairs  # no text read
+
+
+def test_kept_marks_are_bounded_and_the_first_kept_go_first():
+    from nubos_memory.search.dedup import KeptMarks
+
+    kept = KeptMarks(3)
+    kept.remember([{"title": f"t{i}", "body": f"not 1.{i}"} for i in range(5)])
+    assert len(kept) == 3 and kept.get("t0", "not 1.0") is None and kept.get("t1", "not 1.1") is None
+    assert kept.get("t4", "not 1.4") == "1.4\x1f1.4\x1f1" and kept.made == 5
+
+
+@pytest.mark.parametrize("near_duplicate", [0.5, None])
+def test_the_writer_keeps_the_marks_of_what_it_writes_and_its_query_reads_no_text(project, near_duplicate):
+    """A process that wrote near duplicates (memory-serve, an agent's session) answers the query that
+    collapses them from the marks it kept on write; with near duplicates off it keeps none."""
+    from nubos_memory.search import dedup
+
+    write_config(project, near_duplicate=near_duplicate)
+    mem = Memory.open(project)
+    dedup.forget_texts()
+    mem.add({"type": "learning", "title": "the job queue retries 3 times", "created_at": "2026-01-01T00:00:00Z"})
+    mem.add({"type": "learning", "title": "the job queue retries 5 times", "created_at": "2026-02-01T00:00:00Z"})
+    if near_duplicate is None:
+        assert len(dedup.KEPT) == 0
+        return
+    assert dedup.KEPT.get("the job queue retries 3 times", "") is not None and dedup.KEPT.made == 2
+    hit = mem.query("job queue retries", k=3)["hits"][0]
+    assert hit["record"]["title"] == "the job queue retries 5 times"
+    assert [c["kind"] for c in hit["conflicts"]] == ["number"] and dedup.KEPT.made == 2
 
 
 @pytest.fixture

@@ -114,6 +114,17 @@ def _check_retirement(ids: list[str], reason: Any, verb: str) -> None:
                          details={"length": len(reason) if isinstance(reason, str) else None})
 
 
+def _query_text(text: str | None) -> str:
+    """A query's text, refused when missing, empty or too long."""
+    if text is None:
+        raise UsageError("query text is required (--text or positional)")
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("query text is empty", code=codes.MEMORY_EMPTY_QUERY)
+    if len(text) > MAX_QUERY_CHARS:
+        raise InputError(f"query text is longer than {MAX_QUERY_CHARS} characters", code=codes.QUERY_TOO_LONG,
+                         details={"length": len(text), "limit": MAX_QUERY_CHARS})
+    return text
+
 class Memory:
     """One project's memory.  ``Memory.open()`` finds the project like the CLI does."""
 
@@ -436,7 +447,7 @@ class Memory:
         ``scope``: ``project``, ``user`` (the user-level memory) or ``all`` (both in one ranking over one
         statistic; ``usermemory.py``); None: all once a user memory exists.  Each hit's ``memory`` says which.
         """
-        from ..search.query import run_query
+        from ..search.query import run_query, vector_text
         from .context import fit_budget
 
         if scope == "user" and self.user_enabled:  # the user-level memory alone, whether or not this one is on
@@ -447,13 +458,7 @@ class Memory:
             result["scope"] = usermemory.scope_answer(self, ["user"], result.get("scope"))
             return result
         self.require_enabled()
-        if text is None:
-            raise UsageError("query text is required (--text or positional)")
-        if not isinstance(text, str) or not text.strip():
-            raise InputError("query text is empty", code=codes.MEMORY_EMPTY_QUERY)
-        if len(text) > MAX_QUERY_CHARS:
-            raise InputError(f"query text is longer than {MAX_QUERY_CHARS} characters", code=codes.QUERY_TOO_LONG,
-                             details={"length": len(text), "limit": MAX_QUERY_CHARS})
+        text = _query_text(text)
         side_weights = alpha is None and self.config.side_weights == "auto"  # the memory's own z weight
         alpha = self.config.alpha if alpha is None else alpha
         fusion = fusion or self.config.fusion
@@ -473,15 +478,24 @@ class Memory:
                                       track=track)
             if answer is not None:  # (None: the user memory's folder was refused since; the project's alone)
                 return answer
-        result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
-                           fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact,
-                           since=since, as_of=as_of, positions=self._on_branch(branch), side_weights=side_weights,
-                           syntax=parsed, domain=domain)
+        # The query's vector is handed to a warm process's helper now (``embed/helper.py``; None: embedded
+        # when needed), and what does not depend on it is looked up meanwhile.
+        ahead = self.embedder.search_ahead(vector_text(text, parsed)) if mode != "lexical" else None
+        try:
+            folders = usermemory.folders_read(self)  # the folders read, how found, branch and commit
+            note = usermemory.project_only(self, scope)
+            result = run_query(self, text, k=k, type=type, phase=phase, tags=tags or [], alpha=float(alpha),
+                               fusion=fusion, explain=explain, mode=mode, collapse=collapse, phase_exact=phase_exact,
+                               since=since, as_of=as_of, positions=self._on_branch(branch),
+                               side_weights=side_weights, syntax=parsed, domain=domain, ahead=ahead)
+        finally:
+            if ahead is not None:
+                ahead.close()  # (a query that ended without its vector frees the helper)
         mark_merged(result["hits"], self.git)
         for hit in result["hits"]:
             hit["memory"] = self.name
-        result["scope"] = usermemory.folders_read(self)  # the folders read, how found, branch and commit
-        usermemory.note_project_only(self, result, scope)
+        result["scope"] = folders
+        note(result)
         if branch is not None:
             result["query"]["filters"]["branch"] = branch
         weigh_freshness(result["hits"], self.anchors, self.config.stale_factor, explain=explain)

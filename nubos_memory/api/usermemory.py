@@ -34,6 +34,8 @@ from ..config import MEMORY_DIR, STATE_DIR, MemoryConfig, Project, read_config_f
 from ..errors import InputError, StoreError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..search.syntax import Parsed
     from ..types import Hit, Problem, QueryResult
     from .memory import Memory
@@ -49,9 +51,10 @@ def user_root(*, write: bool = False, strict: bool = False) -> Path | None:
     """Where the user memory lives (created owner-only when ``write``), or None when no safe data folder
     exists; a folder there that others could change is refused (``user-memory-unavailable`` on a write,
     and with ``strict``: a read that names the user memory, which must not answer "missing")."""
-    base = userdirs.user_data_dir(write=write)
+    found = userdirs.folder("data", write=write)  # (what ``user_data_dir`` reads: looked up once, a query asks thrice)
+    base = found.path
     if base is None:
-        refused = [r for r in userdirs.folder("data", write=False).refused or [] if r["why"] != "does not exist"]
+        refused = [r for r in found.refused or [] if r["why"] != "does not exist"]
         if write or (strict and refused):
             raise StoreError("no safe user data folder can hold the user-level memory (memory-stats.user_folders "
                              "says what was refused)", code=codes.USER_MEMORY_UNAVAILABLE,
@@ -129,7 +132,7 @@ def turned_unsafe(mem: "Memory", scope: str | None, exc: StoreError) -> bool:
     """Whether ``exc`` is the user memory's folder refused during a read that covered both memories (made
     writable by others since ``reads`` decided) and the read may go on with the project's alone: it did not
     name the user memory, and ``reads`` now covers the project only (the refusal is then warned of as in any
-    project-only answer: ``note_project_only``)."""
+    project-only answer: ``project_only``)."""
     return exc.code == codes.USER_MEMORY_UNAVAILABLE and scope != USER and reads(mem, scope) == [PROJECT]
 
 
@@ -157,14 +160,17 @@ def still_read(owners: "dict[str, Memory]", result: "QueryResult") -> None:
                          details={"opened": list(owners), "queried": sorted(read)})
 
 
-def note_project_only(mem: "Memory", result: "QueryResult", scope: str | None) -> None:
-    """A project-only answer of a memory that may read the user memory says which memories it read, and
-    when the user memory was left out because its folder is refused (``refused_notes``)."""
-    if not mem.user_enabled:
-        return
-    result["scope"]["memories"] = [PROJECT]
-    if scope != PROJECT:
-        result["warnings"] += refused_notes()
+def project_only(mem: "Memory", scope: str | None) -> "Callable[[QueryResult], None]":
+    """What a project-only answer of a memory that may read the user memory says: which memories it read,
+    and when the user memory was left out because its folder is refused (``refused_notes``); looked up now
+    (while the query's vector is embedded: ``embed/helper.py``), written into the answer by the function."""
+    notes = refused_notes() if mem.user_enabled and scope != PROJECT else []
+
+    def note(result: "QueryResult") -> None:
+        if mem.user_enabled:
+            result["scope"]["memories"] = [PROJECT]
+            result["warnings"] += notes
+    return note
 
 
 def refused_notes() -> "list[Problem]":

@@ -22,7 +22,7 @@ from ..faults import crash_point
 from ..index.vectors import usable
 from ..log import LogScan, copy_of_retired, death_kind, forget_op, hot_record, written_by
 from ..records import embed_text, recency
-from ..search.dedup import find_exact, fingerprint, nearest, within_batch
+from ..search.dedup import KEPT, find_exact, fingerprint, nearest, within_batch
 from .gitstate import stamp_git
 
 NEAR_GROUP = 16  # near duplicates of a record looked at for a newer statement
@@ -152,6 +152,8 @@ class WritePath:
         # (each record's position as the log reads it: never assumed from the order they were appended in)
         placed = [(p, i) for r, i in zip(new, new_index) if (p := scan.live(r["id"])) is not None and p >= before]
         positions = [p for p, _ in placed]
+        if self.config.near_duplicate is not None:  # (a query collapsing them compares their marks only)
+            KEPT.remember([scan.records[p] for p in positions])
         precomputed = {p: vectors[i] for p, i in placed if i in vectors}
         state = self.vectors.sync(None, must=positions, cap=self.config.max_pending_embed, blocking=True,
                                   verb=verb, precomputed=precomputed, progress=progress,

@@ -14,12 +14,15 @@ because every runtime must give the same vectors (adr/0012).
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..fsio import dumps
 from ..records import EMBED_TEMPLATE
+
+if TYPE_CHECKING:
+    from .helper import Pending
 
 
 def fingerprint_of(spec: dict[str, Any]) -> str:
@@ -88,6 +91,16 @@ class Embedder:
         ``onnx_int8.py``).  Never for anything stored: HyPE questions and the side-weight estimate's
         pseudo-queries take :meth:`embed_query`."""
         return self.embed_query(texts)
+
+    def search_ahead(self, text: str) -> "Pending | None":
+        """``text``'s search vector started on a helper process while the query does its other stages
+        (``helper.py``: a warm process's local model on its int8 copy, once :meth:`use_query_helper` was
+        called); None: :meth:`embed_search` embeds it when the query needs it (every other embedder)."""
+        return None
+
+    def use_query_helper(self, on: bool = True) -> None:
+        """Let :meth:`search_ahead` start a helper process, or (``on`` False) stop it: a warm process's choice
+        (``memory.query_helper``; ``interfaces/warm.py``)."""
 
     def search_key(self) -> str:
         """What names :meth:`embed_search`'s vectors beside the fingerprint: ``"query"`` when they are

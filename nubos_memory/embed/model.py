@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -42,6 +42,9 @@ __all__ = ["BATCH_ON_GPU", "DEFAULT_MODEL_DIM", "FIRST_PIECE_WEIGHT", "Choice", 
            "embed_with", "gpu_device", "pieces_for", "pool_pieces"]
 
 DEFAULT_MODEL_DIM = 384
+if TYPE_CHECKING:
+    from .helper import Pending, QueryHelper
+
 _T = TypeVar("_T")
 
 
@@ -95,6 +98,8 @@ class ModelEmbedder(Embedder):
         self._batch_why: str = ""
         self._dim: int | None = None
         self._digest: tuple[str | None] | None = None  # memoised: the files of the model this process uses
+        self._helper_wanted = False  # a warm process embeds its int8 queries in a helper process (helper.py)
+        self._helper: QueryHelper | None = None
 
     def known_dim(self) -> int | None:
         if self._dim is not None:
@@ -159,7 +164,8 @@ class ModelEmbedder(Embedder):
     def _queries_plan(self, choice: Choice | None = None) -> dict[str, Any]:
         """What embeds search queries, and why, told without loading anything."""
         if self._query_runtime is not None:
-            return {"runtime": "onnx-int8", "why": self._query_why}
+            helper = self.query_helper()  # (a warm process's: ``helper.py``)
+            return {"runtime": "onnx-int8", "why": self._query_why, **({"helper": helper} if helper else {})}
         if self._query_why is not None:
             return {"runtime": "exact", "why": self._query_why}
         choice = choice or self.choose(self.folder())
@@ -329,6 +335,43 @@ class ModelEmbedder(Embedder):
         if runtime is None:
             return self.embed_query(texts)
         return self._guarded(embed_with, texts, runtime)
+
+    def use_query_helper(self, on: bool = True) -> None:
+        with self._loading:
+            self._helper_wanted = on
+            stopped = None if on else self._helper
+            if not on:
+                self._helper = None
+        if stopped is not None:
+            stopped.close()
+
+    def search_ahead(self, text: str) -> "Pending | None":
+        """The query's vector started on the helper process (``helper.py``) when this embedder may use one and
+        it is ready; the first such query starts it (in the background) and embeds in process."""
+        if not self._helper_wanted:
+            return None
+        helper = self._helper
+        if helper is not None:
+            return helper.submit(text)
+        from .helper import PROBE, QueryHelper
+        from .onnx_runtime import OnnxRuntime
+
+        runtime = self.query_runtime()
+        with self._loading:
+            if not isinstance(runtime, OnnxRuntime):  # queries embedded exactly: nothing to hand over
+                self._helper_wanted = False
+            elif self._helper is None:
+                self._helper = QueryHelper(runtime.folder, runtime.onnx_path, runtime.batch_size,
+                                           self._guarded(embed_with, [PROBE], runtime)[0])
+        return None
+
+    def query_helper(self) -> str | None:
+        """Whether search queries are embedded by a helper process: ``ready``, ``starting``, why not, or None
+        (not asked for: a one-shot call, a library user)."""
+        helper = self._helper
+        if helper is None:
+            return "starting" if self._helper_wanted and self._query_runtime is not None else None
+        return "ready" if helper.ready else (helper.why or "starting")
 
     def query_runtime(self) -> Runtime | None:
         """The int8 copy that embeds search queries (``onnx_int8.py``), made and loaded on first use;

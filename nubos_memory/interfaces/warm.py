@@ -33,12 +33,19 @@ CATCH_UP_SLICE_S = 1.0
 IDLE_QUIET_S = 2.0  # idle work (a side-weight estimate, a merge) waits until no request came for this long
 
 
+def _query_helper(mem: "Memory") -> None:
+    """A warm process embeds its search queries in a helper process beside each query, unless
+    ``memory.query_helper`` is off (``embed/helper.py``)."""
+    mem.embedder.use_query_helper(mem.config.query_helper == "auto")
+
+
 class WarmMemory:
     def __init__(self, root: str | None, embedder: "Embedder | None" = None):
         from ..api.memory import Memory
 
         writer = Memory.open(root, embedder=embedder)
         writer.vectors.defer_side_weight = True  # estimated when idle (catch_up), never while a write waits
+        _query_helper(writer)
         self.root = writer.project.root
         self._writer = writer
         self._reader = self._twin(writer)
@@ -85,6 +92,7 @@ class WarmMemory:
         if loaded is not None and made_alike(fresh.config, old.config):
             fresh.use_embedder(loaded)  # keep the loaded model
         fresh.vectors.defer_side_weight = True
+        _query_helper(fresh)
         self._writer, self._reader, self._stamp = fresh, self._twin(fresh), stamp
 
     @contextmanager

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 import unicodedata
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -78,9 +79,19 @@ def contradiction(newer: Record, older: Record) -> str | None:
 
 
 def contradictions(newer: Record, older: list[Record]) -> list[str | None]:
-    """:func:`contradiction` of each of ``older`` with ``newer``."""
+    """:func:`contradiction` of each of ``older`` with ``newer``: compared by their kept marks where this
+    process holds both texts' (``KEPT``), else decided from where the two texts differ."""
     title, body = newer["title"], newer.get("body") or ""
-    return [_contradiction(title, body, rec["title"], rec.get("body") or "") for rec in older]
+    mine = KEPT.get(title, body)
+    out = []
+    for rec in older:
+        other_title, other_body = rec["title"], rec.get("body") or ""
+        theirs = None if mine is None else KEPT.get(other_title, other_body)
+        if mine is not None and theirs is not None:
+            out.append(_differs(mine, theirs))
+        else:
+            out.append(_contradiction(title, body, other_title, other_body))
+    return out
 
 
 @lru_cache(maxsize=16384)  # (a warm process meets the same near duplicates query after query)
@@ -89,13 +100,16 @@ def _contradiction(title: str, body: str, older_title: str, older_body: str) -> 
     contradiction (``_same_marks``) is answered without reading the rest; the others compare their marks."""
     if _same_marks(f"{title} {body}", f"{older_title} {older_body}"):
         return None
-    return _differs(_marks(title, body), _marks(older_title, older_body))
+    return _differs(KEPT.of(title, body), KEPT.of(older_title, older_body))
 
 
-_Marks = tuple[frozenset[str], frozenset[str], bool]
+_Marks = str
+"""A text's marks, as one string: its versions (sorted, distinct, space-separated), then ``\x1f`` and its
+numbers the same way, then ``\x1f`` and ``1`` when a negation is there, else ``0``.  Words never hold
+whitespace, and ``\x1f`` is whitespace to ``str.split``: two texts' marks are equal exactly when their
+strings are (a string is a fraction of the three sets' memory, which a warm process keeps per text)."""
 
 
-@lru_cache(maxsize=16384)  # (a warm process meets the same near duplicates query after query)
 def _marks(title: str, body: str) -> _Marks:
     """What a contradiction is told by: the versions, the numbers, and whether a negation is there."""
     # (the words of ``normalised_text``, each distinct one normalised once; only a word with a digit can
@@ -103,8 +117,53 @@ def _marks(title: str, body: str) -> _Marks:
     words = {w if w.isalnum() else _word(w) for w in set(_words(f"{title} {body}"))}
     words.discard("")
     digits = [w for w in words if not w.isalpha()]
-    return (frozenset(w for w in digits if _VERSION.match(w)), frozenset(w for w in digits if _NUMBER.match(w)),
-            bool(words & NEGATIONS))
+    versions = " ".join(sorted(w for w in digits if _VERSION.match(w)))
+    numbers = " ".join(sorted(w for w in digits if _NUMBER.match(w)))
+    return f"{versions}\x1f{numbers}\x1f{int(bool(words & NEGATIONS))}"
+
+
+class KeptMarks:
+    """Each text's marks, made once and kept by (title, body) in this process: a query compares two kept
+    texts' marks instead of reading where they differ (its near duplicates were often written by this very
+    process: ``remember``).  At most ``limit`` texts; the first kept go first."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.made = 0  # marks made from a text (what a test counts)
+        self._kept: dict[tuple[str, str], _Marks] = {}
+        self._lock = threading.Lock()  # (writers: memory-serve's reader and writer threads share it)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def get(self, title: str, body: str) -> _Marks | None:
+        """The text's marks when kept, else None (nothing is read)."""
+        return self._kept.get((title, body))
+
+    def of(self, title: str, body: str) -> _Marks:
+        """The text's marks, made and kept when not kept yet."""
+        found = self._kept.get((title, body))
+        if found is None:
+            found = _marks(title, body)
+            with self._lock:
+                self.made += 1
+                if len(self._kept) >= self.limit:
+                    del self._kept[next(iter(self._kept))]
+                self._kept[(title, body)] = found
+        return found
+
+    def remember(self, records: "list[Record]") -> None:
+        """Make and keep the marks of ``records`` (the write path's, as it stores them)."""
+        for rec in records:
+            self.of(rec["title"], rec.get("body") or "")
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+            self.made = 0
+
+
+KEPT = KeptMarks(1 << 18)  # (~100 bytes a text beside the text itself, which its record holds anyway)
 
 
 def _words(text: str) -> list[str]:
@@ -167,12 +226,14 @@ def _telling(words: list[str]) -> bool:
 def forget_texts() -> None:
     """Drop the texts the contradiction cache holds (a log read again from its start: a redaction or a
     compaction may have taken them out of the memory, so no process keeps them)."""
-    _marks.cache_clear()
+    KEPT.clear()
     _contradiction.cache_clear()
 
 
 def _differs(a: _Marks, b: _Marks) -> str | None:
-    for kind, mine, theirs in (("version", a[0], b[0]), ("number", a[1], b[1]), ("negation", a[2], b[2])):
+    if a == b:
+        return None
+    for kind, mine, theirs in zip(("version", "number", "negation"), a.split("\x1f"), b.split("\x1f")):
         if mine != theirs:
             return kind
     return None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -48,6 +49,7 @@ from .vector_side import Cosines, VectorSide, query_vector, vector_side
 if TYPE_CHECKING:
     from ..config import MemoryConfig
     from ..embed.base import Embedder
+    from ..embed.helper import Pending
     from ..log import LogScan
     from ..recordlist import RecordList
     from ..types import Hit, QueryResult, Record
@@ -74,7 +76,8 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
               alpha: float, fusion: str, explain: bool, mode: str = "hybrid", collapse: bool = True,
               phase_exact: bool = False, since: str | None = None, as_of: str | None = None,
               positions: np.ndarray | None = None, side_weights: bool = False,
-              syntax: Parsed | None = None, domain: str | None = None) -> "QueryResult":
+              syntax: Parsed | None = None, domain: str | None = None, ahead: Pending | None = None
+              ) -> "QueryResult":
     """Answer one query; never fails because of the vector layer (it reports ``degraded``).
 
     ``mode`` "lexical" or "vector" ranks by one signal only (with its neighbour context).  With
@@ -86,11 +89,12 @@ def run_query(mem: Searchable, text: str, *, k: int, type: str | None, phase: st
     z fusion's weight is the memory's estimate (``sideweight.py``, kept in the manifest) where there
     is one, else ``alpha``; the answer's ``query.alpha`` says which was used.  ``syntax``: the text's
     query syntax (``syntax.parse``; None: a bag of words, as always), applied by ``_with_syntax``.
-    ``domain``: only records of that domain, a filter like ``type`` (echoed only when given).
+    ``domain``: only records of that domain, a filter like ``type`` (echoed only when given).  ``ahead``:
+    :func:`vector_text` already handed to the embedder's helper process (``Embedder.search_ahead``).
     """
     req = Request(text, k, type, phase, tags, alpha, fusion, explain, mode, collapse, phase_exact, since, as_of,
                   positions=positions, side_weights=side_weights, domain=domain)
-    got = gather(mem, req, syntax)
+    got = gather(mem, req, syntax, ahead)
     return got if not isinstance(got, Gathered) else finish(mem, got)
 
 
@@ -108,8 +112,15 @@ class Gathered:
     vec: VectorSide | None
 
 
-def gather(mem: Searchable, req: Request, syntax: Parsed | None = None) -> "Gathered | QueryResult":
-    """Stages 1-3 of a query (filters, both sides); the answer itself when there is nothing to rank."""
+def vector_text(text: str, syntax: Parsed | None) -> str:
+    """What the vector side embeds of a query's text: its free words when it is read as syntax, else all of it."""
+    return text if syntax is None or syntax.plain else syntax.free_text()
+
+
+def gather(mem: Searchable, req: Request, syntax: Parsed | None = None,
+           ahead: Pending | None = None) -> "Gathered | QueryResult":
+    """Stages 1-3 of a query (filters, both sides); the answer itself when there is nothing to rank.
+    ``ahead``: the vector side's text already handed to the embedder's helper (else handed here)."""
     text = req.text
     scan = mem.scan()
     out = empty_answer(mem.config, scan, req)
@@ -122,10 +133,17 @@ def gather(mem: Searchable, req: Request, syntax: Parsed | None = None) -> "Gath
     filtered = _filtered(mem.snap, scan, req, terms, out, live)
     if filtered is None:
         return out
-    scope, state = _scope(mem, req, *filtered, live)
-    req = _side_weighted(req, state, out)
-    lex = lexical_side(mem.snap, terms, scope, propose=req.mode != "vector", past=live is not None)
-    vec = _vector_stage(mem, state, text, scope, lex, out, live)
+    # (a warm process's helper embeds the text meanwhile: ``embed/helper.py``; None: embedded when needed)
+    if ahead is None and req.mode != "lexical":
+        ahead = mem.embedder.search_ahead(text)
+    try:
+        scope, state = _scope(mem, req, *filtered, live)
+        req = _side_weighted(req, state, out)
+        lex = lexical_side(mem.snap, terms, scope, propose=req.mode != "vector", past=live is not None)
+        vec = _vector_stage(mem, state, text, scope, lex, out, live, ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()  # (its answer taken if the query did not need it: the helper is free again)
     return Gathered(out, scan.records, req, scope, state, lex, vec)
 
 
@@ -195,7 +213,7 @@ def _with_syntax(snap: Snapshot, scan: LogScan, parsed: Parsed, req: Request,
         out["warnings"].append({"code": codes.QUERY_SYNTAX, "message": parsed.warning or ""})
         if req.explain:
             out["query"]["parsed"] = {"plain": True}
-        return tokenize(req.text), req.text, req
+        return tokenize(req.text), vector_text(req.text, parsed), req
     engine = snap.lexical_engine()
     prefixes = expansions(parsed, engine)
     size = len(scan.records)
@@ -211,7 +229,7 @@ def _with_syntax(snap: Snapshot, scan: LogScan, parsed: Parsed, req: Request,
         if req.positions is not None:
             positions = positions[np.isin(positions, req.positions)]
         req = replace(req, positions=positions)
-    return scored_terms(parsed, prefixes), parsed.free_text(), req
+    return scored_terms(parsed, prefixes), vector_text(req.text, parsed), req
 
 
 def _field_mask(snap: Snapshot, scan: LogScan, filters: dict[str, list[str]]) -> np.ndarray:
@@ -274,7 +292,8 @@ def _side_weighted(req: Request, state: VectorState | None, out: QueryResult) ->
 
 # -- 3. vector side --------------------------------------------------------------------------
 def _vector_stage(mem: Searchable, state: VectorState | None, text: str, scope: Scope, lex: LexicalSide,
-                  out: QueryResult, live: np.ndarray | None = None) -> VectorSide | None:
+                  out: QueryResult, live: np.ndarray | None = None, ahead: Pending | None = None
+                  ) -> VectorSide | None:
     """The vector side, or None: in mode ``lexical``, or when the vector layer fails (found before
     this query or only now: a graph checked on first use, the model), which ``degraded`` says.  In an
     as-of query (``live``), records retired since may have no vector: they are ranked by their
@@ -285,7 +304,7 @@ def _vector_stage(mem: Searchable, state: VectorState | None, text: str, scope: 
     vec = None
     if degraded is None:
         try:
-            vec = vector_side(query_vector(mem.embedder, text), state, mem.snap, scope,
+            vec = vector_side(lambda: query_vector(mem.embedder, text, ahead), state, mem.snap, scope,
                               np.array(sorted(lex.rank), dtype=np.int64))
         except (StoreError, EmbeddingError) as exc:
             degraded = exc.to_dict()
@@ -293,7 +312,7 @@ def _vector_stage(mem: Searchable, state: VectorState | None, text: str, scope: 
             pending = vec.pending
             if live is not None:
                 gone = scope.positions[~mem.snap.alive[scope.positions]]
-                missing = int(len(gone) - len(Cosines(state, np.zeros(0)).with_vector(gone))) if len(gone) else 0
+                missing = int(len(gone) - len(Cosines(state).with_vector(gone))) if len(gone) else 0
                 out["query"]["as_of"]["without_vector"] = missing
                 pending -= missing
             _note_vectors(out, state, pending)
@@ -343,9 +362,13 @@ def _vector_columns(vec: VectorSide | None, positions: np.ndarray, scope: Scope)
     """The candidates' cosine, ``c'`` and z-score of ``c'`` (None where a record has no vector)."""
     if vec is None or not len(positions):
         return [None] * len(positions), [None] * len(positions), [None] * len(positions)
-    has = vec.known[positions].tolist()
+    known = vec.known[positions]
     contexts = with_context(vec.cos, positions, scope.prev, scope.nxt, CONTEXT_VECTOR * scope.gate, of=vec.known)
-    columns = (vec.cos[positions].tolist(), contexts.tolist(), ((contexts - vec.mean) / vec.sd).tolist())
+    columns: tuple[Column, Column, Column] = (vec.cos[positions].tolist(), contexts.tolist(),
+                                              ((contexts - vec.mean) / vec.sd).tolist())
+    if known.all():  # (the usual case: every candidate has a vector)
+        return columns
+    has = known.tolist()
     cosine, cosine_context, cosine_z = ([v if h else None for v, h in zip(column, has)] for column in columns)
     return cosine, cosine_context, cosine_z
 
@@ -360,7 +383,9 @@ def _ranked(cands: list[Candidate], records: RecordList, req: Request, threshold
         c.fused = c.score
         if importance is not None:
             c.score *= importance_factor(importance)
-    kept.sort(key=lambda c: (-c.score, c.position))
+    # best first, ties by position: the candidates come in position order (``_candidates``), which a stable
+    # sort keeps among equal scores (reverse=True too), without a key tuple per candidate
+    kept.sort(key=attrgetter("score"), reverse=True)
     return kept
 
 

@@ -12,6 +12,7 @@ candidates' and the distribution's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ from .plan import Scope, distinct, take, top
 
 if TYPE_CHECKING:
     from ..embed.base import Embedder
+    from ..embed.helper import Pending
     from .snapshot import Snapshot, VectorState
 
 STATS_SAMPLE = 1000  # records whose cosine stands in for the distribution in a large scope
@@ -52,8 +54,10 @@ class VectorSide:
 class Cosines:
     """The query vector's cosine with each record, computed when first asked for."""
 
-    def __init__(self, state: VectorState, q: np.ndarray):
-        self.state, self.q = state, q
+    def __init__(self, state: VectorState):
+        """Made before the query's vector is known (:meth:`aim` gives it): what needs none is ready."""
+        self.state = state
+        self.q = np.zeros(0, dtype=np.float32)
         n = len(state.labels)
         self.cos = np.zeros(n, dtype=np.float64)
         self.known = np.zeros(n, dtype=bool)
@@ -67,10 +71,16 @@ class Cosines:
         self._scored = np.zeros(0, dtype=bool)
         if index is not None and self.lazy:
             self.best, self._scored = np.full(len(index), np.nan, dtype=np.float32), np.zeros(len(index), dtype=bool)
-        elif index is not None:
+        self.asked: np.ndarray | None = None
+
+    def aim(self, q: np.ndarray) -> None:
+        """The query's vector: the cosines are of it from now on."""
+        self.q = q
+        index = self.state.index
+        if index is not None and not self.lazy:
             self.best = index.best_pieces(q)
         # each label's closest HyPE question's cosine (NaN: none); None: no record has questions
-        self.asked = state.index.best_questions(q) if state.index is not None else None
+        self.asked = index.best_questions(q) if index is not None else None
 
     def compute(self, positions: np.ndarray, *, kept: bool = False) -> None:
         """The cosines of these positions that are not known yet (those with a vector); ``kept``: the same
@@ -108,28 +118,41 @@ class Cosines:
         return found
 
 
-def query_vector(embedder: Embedder, text: str) -> np.ndarray:
-    """The query's unit vector (``EmbeddingError`` when the model gives an unusable one)."""
-    q: np.ndarray = embedder.embed_search([text])[0]  # a query: the model's query prefix, if it has one
+def query_vector(embedder: Embedder, text: str, ahead: Pending | None = None) -> np.ndarray:
+    """The query's unit vector (``EmbeddingError`` when the model gives an unusable one): from the helper
+    process it was handed to (``ahead``), else embedded now."""
+    q = ahead.result() if ahead is not None else None
+    if q is None:
+        q = embedder.embed_search([text])[0]  # a query: the model's query prefix, if it has one
     if not vector_index.usable(q[None, :])[0]:
         raise EmbeddingError("the model gave a non-finite or zero vector for the query; it is answered by keywords "
                              "(memory-stats.runtime says what embeds)", code=codes.EMBEDDING_INVALID)
     return q
 
 
-def vector_side(q: np.ndarray, state: VectorState, snap: Snapshot, scope: Scope,
+def vector_side(vector: Callable[[], np.ndarray], state: VectorState, snap: Snapshot, scope: Scope,
                 lex_cands: np.ndarray) -> VectorSide:
     """Cosines of the candidates (vector top-n_cand, their neighbours, the lexical candidates), and
-    the mean and sd of ``c'`` over the scope (every record's up to ``EXACT_LIMIT``, else a sample)."""
-    cosines = Cosines(state, q)
+    the mean and sd of ``c'`` over the scope (every record's up to ``EXACT_LIMIT``, else a sample).
+    ``vector`` gives the query's vector; it is asked once what needs none is done (a warm process's helper
+    embeds it meanwhile: ``embed/helper.py``)."""
+    cosines = Cosines(state)
     in_scope = cosines.with_vector(scope.positions)
     side = VectorSide(cosines.cos, cosines.known, pending=int(len(scope.positions) - len(in_scope)))
+    exact = len(in_scope) <= vector_index.EXACT_LIMIT
+    # the records the statistics are of (exact: all, their neighbours' cosines computed with them), and the
+    # rows read for them
+    stats_of = in_scope if exact else in_scope[_sample(len(in_scope), STATS_SAMPLE_PIECES if cosines.lazy
+                                                       else STATS_SAMPLE)]
+    rows = scope.neighbourhood(stats_of) if len(in_scope) else stats_of
+    cosines.aim(vector())
     if not len(in_scope):
         return side
-    if len(in_scope) <= vector_index.EXACT_LIMIT:
-        order, stats_of = _exact_top(cosines, in_scope, scope)
+    if exact:
+        cosines.compute(rows)
+        order = top(in_scope, cosines.cos[in_scope], scope.n_cand)
     else:
-        order, stats_of = _approximate_top(cosines, in_scope, snap, scope)
+        order = _approximate_top(cosines, in_scope, snap, scope, rows)
     side.rank = _ranks(order, cosines.known, scope)
     cosines.compute(lex_cands)
     ctx = with_context(cosines.cos, stats_of, scope.prev, scope.nxt, CONTEXT_VECTOR * scope.gate, of=cosines.known)
@@ -137,16 +160,10 @@ def vector_side(q: np.ndarray, state: VectorState, snap: Snapshot, scope: Scope,
     return side
 
 
-def _exact_top(cosines: Cosines, in_scope: np.ndarray, scope: Scope) -> tuple[np.ndarray, np.ndarray]:
-    """Every cosine in scope: the best ``n_cand`` records, and the records the statistics are of (all)."""
-    cosines.compute(scope.neighbourhood(in_scope))
-    return top(in_scope, cosines.cos[in_scope], scope.n_cand), in_scope
-
-
-def _approximate_top(cosines: Cosines, in_scope: np.ndarray, snap: Snapshot,
-                     scope: Scope) -> tuple[np.ndarray, np.ndarray]:
-    """HNSW's best ``n_cand`` records (and those embedded for this answer), and a fixed sample of
-    the scope for the statistics."""
+def _approximate_top(cosines: Cosines, in_scope: np.ndarray, snap: Snapshot, scope: Scope,
+                     stats_rows: np.ndarray) -> np.ndarray:
+    """HNSW's best ``n_cand`` records (and those embedded for this answer); ``stats_rows``: the rows of the
+    fixed sample of the scope the statistics are of (read first: the same rows every query)."""
     index, labels, extra = cosines.state.index, cosines.state.labels, cosines.extra
     if index is None:
         top_labels = np.zeros(0, dtype=np.int64)
@@ -167,10 +184,10 @@ def _approximate_top(cosines: Cosines, in_scope: np.ndarray, snap: Snapshot,
     inside = scope.positions[at] == proposed if len(scope.positions) else np.zeros(len(proposed), dtype=bool)
     proposed = np.concatenate([proposed[inside],  # never a row outside the scope (positions are sorted)
                                extra[np.isin(extra, scope.positions)] if len(extra) else extra])
-    stats_of = in_scope[_sample(len(in_scope), STATS_SAMPLE_PIECES if cosines.lazy else STATS_SAMPLE)]
-    cosines.compute(scope.neighbourhood(stats_of), kept=True)  # (first: the same rows every query)
+    cosines.compute(stats_rows, kept=True)  # (first: the same rows every query)
     cosines.compute(scope.neighbourhood(proposed))
-    return top(proposed, cosines.cos[proposed], scope.n_cand), stats_of
+    order: np.ndarray = top(proposed, cosines.cos[proposed], scope.n_cand)
+    return order
 
 
 @lru_cache(maxsize=8)
