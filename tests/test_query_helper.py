@@ -141,3 +141,39 @@ def test_a_helper_that_cannot_start_is_left_and_queries_embed_in_process(tmp_pat
         time.sleep(0.05)
     assert helper.why is not None and "could not start" in helper.why and not helper.ready
     assert helper.submit("jwt") is None
+
+
+def test_a_model_that_fails_when_the_text_is_handed_over_degrades_the_query_as_before(project):
+    """Handing the text over may load the model (the first query of a warm process): a failure there is
+    the vector side's to report (``degraded``), never a failed query."""
+    from nubos_memory.embed import HashEmbedder
+    from nubos_memory.errors import EmbeddingError
+
+    class Failing(HashEmbedder):
+        def search_ahead(self, text):
+            raise EmbeddingError("the model cannot load", code="embedding-failed")
+
+    mem = Memory.open(project, embedder=HashEmbedder("hash-256"))
+    mem.add({"type": "learning", "title": "pin pnpm with corepack"})
+    mem.use_embedder(Failing("hash-256"))
+    answer = mem.query("pnpm corepack", k=3)
+    assert answer["hits"] and answer["degraded"] is None  # (embedded in process, as without a helper)
+
+
+def test_a_vector_handed_over_for_another_text_is_never_taken():
+    from nubos_memory.embed import HashEmbedder
+    from nubos_memory.search.vector_side import query_vector
+
+    class Handed:
+        text, taken, closed = "another text", False, False
+
+        def result(self):
+            self.taken = True
+            return np.ones(256, dtype=np.float32)
+
+        def close(self):
+            self.closed = True
+
+    handed, emb = Handed(), HashEmbedder("hash-256")
+    got = query_vector(emb, "pnpm corepack", handed)  # type: ignore[arg-type]
+    assert not handed.taken and handed.closed and np.array_equal(got, emb.embed_search(["pnpm corepack"])[0])

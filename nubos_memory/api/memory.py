@@ -447,7 +447,7 @@ class Memory:
         ``scope``: ``project``, ``user`` (the user-level memory) or ``all`` (both in one ranking over one
         statistic; ``usermemory.py``); None: all once a user memory exists.  Each hit's ``memory`` says which.
         """
-        from ..search.query import run_query, vector_text
+        from ..search.query import hand_over, run_query, vector_text
         from .context import fit_budget
 
         if scope == "user" and self.user_enabled:  # the user-level memory alone, whether or not this one is on
@@ -480,7 +480,7 @@ class Memory:
                 return answer
         # The query's vector is handed to a warm process's helper now (``embed/helper.py``; None: embedded
         # when needed), and what does not depend on it is looked up meanwhile.
-        ahead = self.embedder.search_ahead(vector_text(text, parsed)) if mode != "lexical" else None
+        ahead = hand_over(self.embedder, vector_text(text, parsed)) if mode != "lexical" else None
         try:
             folders = usermemory.folders_read(self)  # the folders read, how found, branch and commit
             note = usermemory.project_only(self, scope)

@@ -84,7 +84,7 @@ class QueryHelper:
             self._stop(f"the query helper failed: {exc}")
             self._lock.release()
             return None
-        return Pending(self)
+        return Pending(self, text)
 
     def take(self) -> "np.ndarray | None":
         """(A submitted query's) its answer, read after those left by earlier queries; the helper freed."""
@@ -169,8 +169,9 @@ class QueryHelper:
 class Pending:
     """A query's text handed to the helper: its vector (``result``), or None (embed it in process)."""
 
-    def __init__(self, helper: QueryHelper):
+    def __init__(self, helper: QueryHelper, text: str):
         self._helper: QueryHelper | None = helper
+        self.text = text  # (what was handed over: the vector is of this text only)
 
     def result(self) -> "np.ndarray | None":
         """The vector, once; None where the child could not give it (the helper is then stopped if it failed)."""

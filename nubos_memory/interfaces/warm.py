@@ -36,7 +36,11 @@ IDLE_QUIET_S = 2.0  # idle work (a side-weight estimate, a merge) waits until no
 def _query_helper(mem: "Memory") -> None:
     """A warm process embeds its search queries in a helper process beside each query, unless
     ``memory.query_helper`` is off (``embed/helper.py``)."""
-    mem.embedder.use_query_helper(mem.config.query_helper == "auto")
+    try:
+        embedder = mem.embedder
+    except NubosMemoryError:
+        return  # (an embedder that cannot be made says so where a request uses it, as without the helper)
+    embedder.use_query_helper(mem.config.query_helper == "auto")
 
 
 class WarmMemory:

@@ -112,6 +112,16 @@ class Gathered:
     vec: VectorSide | None
 
 
+def hand_over(embedder: Embedder, text: str) -> Pending | None:
+    """``text`` handed to the embedder's helper process, which embeds it while the query does the rest
+    (``embed/helper.py``: a warm process's); None: it is embedded when the vector side needs it, and a
+    model that fails then is reported there (``degraded``), as it always was."""
+    try:
+        return embedder.search_ahead(text)
+    except (StoreError, EmbeddingError):
+        return None
+
+
 def vector_text(text: str, syntax: Parsed | None) -> str:
     """What the vector side embeds of a query's text: its free words when it is read as syntax, else all of it."""
     return text if syntax is None or syntax.plain else syntax.free_text()
@@ -133,9 +143,8 @@ def gather(mem: Searchable, req: Request, syntax: Parsed | None = None,
     filtered = _filtered(mem.snap, scan, req, terms, out, live)
     if filtered is None:
         return out
-    # (a warm process's helper embeds the text meanwhile: ``embed/helper.py``; None: embedded when needed)
     if ahead is None and req.mode != "lexical":
-        ahead = mem.embedder.search_ahead(text)
+        ahead = hand_over(mem.embedder, text)
     try:
         scope, state = _scope(mem, req, *filtered, live)
         req = _side_weighted(req, state, out)

@@ -121,7 +121,12 @@ class Cosines:
 def query_vector(embedder: Embedder, text: str, ahead: Pending | None = None) -> np.ndarray:
     """The query's unit vector (``EmbeddingError`` when the model gives an unusable one): from the helper
     process it was handed to (``ahead``), else embedded now."""
-    q = ahead.result() if ahead is not None else None
+    q = None
+    if ahead is not None:
+        if ahead.text == text:
+            q = ahead.result()
+        else:  # (never: the caller hands over the text embedded here; a vector of another text is never taken)
+            ahead.close()
     if q is None:
         q = embedder.embed_search([text])[0]  # a query: the model's query prefix, if it has one
     if not vector_index.usable(q[None, :])[0]:
