@@ -56,10 +56,18 @@ def test_the_helper_gives_the_bits_embedded_in_process_and_a_query_the_same_answ
         ahead = emb.search_ahead(text)
         assert ahead is not None
         assert np.array_equal(ahead.result(), emb.embed_search([text])[0])
-    # a query that ended without its vector leaves the helper free, and the next one its own vector
-    emb.search_ahead("never taken").close()  # type: ignore[union-attr]
+    # a query that ended without its vector leaves the helper free, and the next one its own vector;
+    # never more than one answer is owed (60 such queries: the pipes never fill, nothing waits)
+    started = time.monotonic()
+    for _ in range(60):
+        left = emb.search_ahead(LONG[:3000])
+        if left is not None:
+            left.close()
+    assert time.monotonic() - started < 5
+    time.sleep(0.5)
     ahead = emb.search_ahead("jwt")
     assert ahead is not None and np.array_equal(ahead.result(), emb.embed_search(["jwt"])[0])
+    assert emb.search_ahead("x" * (helper_module.MAX_TEXT_BYTES + 1)) is None  # (long texts: in process)
 
     taken = []
     real_result = helper_module.Pending.result
@@ -89,7 +97,10 @@ def test_the_helper_gives_the_bits_embedded_in_process_and_a_query_the_same_answ
 
 
 @pytest.mark.model
-def test_the_helper_ends_when_its_process_ends(cache, tmp_path):  # noqa: F811
+def test_the_helper_ends_when_its_process_ends_and_never_runs_code_of_the_folder_it_runs_in(cache, tmp_path):  # noqa: F811
+    repo = tmp_path / "repo"  # (a warm process runs in a repository: a numpy/ there is never imported)
+    (repo / "numpy").mkdir(parents=True)
+    (repo / "numpy" / "__init__.py").write_text("raise SystemExit('the folder\'s numpy ran')\n")
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
@@ -98,15 +109,17 @@ def test_the_helper_ends_when_its_process_ends(cache, tmp_path):  # noqa: F811
         emb = ModelEmbedder(DEFAULT_MODEL)
         emb.use_query_helper()
         emb.search_ahead("start it")
-        while emb.query_helper() != "ready":
+        deadline = time.monotonic() + 90
+        while emb.query_helper() != "ready" and time.monotonic() < deadline:
             time.sleep(0.05)
-        print(emb._helper._proc.pid, flush=True)
+        print(emb._helper._proc.pid if emb.query_helper() == "ready" else 0, flush=True)
         time.sleep(600)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    proc = subprocess.Popen([sys.executable, "-P", "-c", script], stdout=subprocess.PIPE, text=True,
+                            env=os.environ.copy(), cwd=repo)
     try:
         child = int(proc.stdout.readline())  # type: ignore[union-attr]
-        assert not _gone(child)
+        assert child and not _gone(child)
     finally:
         proc.kill()
         proc.wait()

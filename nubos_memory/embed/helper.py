@@ -22,16 +22,19 @@ from __future__ import annotations
 
 import os
 import select
+import site
 import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 
 READY_S = 120.0  # the child's start (python, onnxruntime, the model) before it is given up
 ANSWER_S = 5.0  # one answer, before the helper is given up (an int8 encode of a query takes milliseconds)
+MAX_TEXT_BYTES = 16 * 1024  # longer texts are embedded in process (a pipe takes one whole; a few pieces at most)
 PROBE = "a probe text to check that the helper embeds queries bit for bit as this process does (v1.2, 42%)"
 _LENGTH = struct.Struct("=I")
 
@@ -45,7 +48,8 @@ class QueryHelper:
         self.ready = False
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()  # one query at a time holds the child (the others embed in process)
-        self._args = [sys.executable, "-m", "nubos_memory.embed.helper", str(folder), str(onnx_path),
+        # (-P and cwd /: never a module from the folder the warm process runs in, a repository)
+        self._args = [sys.executable, "-P", "-m", "nubos_memory.embed.helper", str(folder), str(onnx_path),
                       str(batch_size)]
         self._expected = np.asarray(expected, dtype=np.float32)
         self._owed = 0  # answers to texts whose query ended without its vector, read before the next one
@@ -54,32 +58,41 @@ class QueryHelper:
     def _start(self) -> None:
         with self._lock:
             try:
-                package = str(Path(__file__).resolve().parents[2])  # (the child imports this very package)
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH"))
-                                                                   if p)}
                 self._proc = subprocess.Popen(self._args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                              stderr=subprocess.DEVNULL, env=env, close_fds=True)
+                                              stderr=subprocess.DEVNULL, env=_child_env(), cwd="/",
+                                              close_fds=True)
+                os.set_blocking(self._pipes()[0], False)  # (a write never blocks: ``_send`` waits with a deadline)
                 if self._read(1, READY_S) != b"R":
                     raise OSError("it did not start")
-                self._send(PROBE)
+                self._send(PROBE.encode("utf-8"))
                 got = self._answer(READY_S)
                 if got is None or got.shape != self._expected.shape or not np.array_equal(got, self._expected):
                     raise OSError("its vector of the probe text differs from this process's")
+                if self.why is not None:  # (closed while it started)
+                    raise OSError(self.why)
             except (OSError, ValueError) as exc:
                 self._stop(f"the query helper could not start: {exc}")
                 return
             self.ready = True
 
     def submit(self, text: str) -> "Pending | None":
-        """Hand ``text`` to the child; None when the query embeds in process instead (not ready, failed, or
-        another thread's query holds it)."""
-        if not self.ready or not self._lock.acquire(blocking=False):
+        """Hand ``text`` to the child; None when the query embeds in process instead (not ready, failed,
+        another thread's query holds it, a text longer than ``MAX_TEXT_BYTES``, or an answer an earlier
+        query left is not there yet: at most one is ever owed, so the pipes never fill)."""
+        encoded = text.encode("utf-8", "surrogatepass")
+        if len(encoded) > MAX_TEXT_BYTES or not self.ready or not self._lock.acquire(blocking=False):
             return None
-        if not self.ready:  # (stopped meanwhile)
+        try:
+            while self.ready and self._owed and self._readable():  # (an answer is written whole: it is there)
+                self._answer(ANSWER_S)
+                self._owed -= 1
+        except (OSError, ValueError) as exc:
+            self._stop(f"the query helper failed: {exc}")
+        if not self.ready or self._owed:
             self._lock.release()
             return None
         try:
-            self._send(text)
+            self._send(encoded)
         except (OSError, ValueError) as exc:
             self._stop(f"the query helper failed: {exc}")
             self._lock.release()
@@ -124,28 +137,35 @@ class QueryHelper:
             raise OSError("it was stopped")
         return proc.stdin.fileno(), proc.stdout.fileno()
 
-    def _send(self, text: str) -> None:
+    def _send(self, encoded: bytes) -> None:
         fd = self._pipes()[0]
-        encoded = text.encode("utf-8", "surrogatepass")
         data = memoryview(_LENGTH.pack(len(encoded)) + encoded)
+        deadline = time.monotonic() + ANSWER_S
         while len(data):
-            _, ready, _ = select.select([], [fd], [], ANSWER_S)
-            if not ready:
+            if not _wait(fd, select.POLLOUT, deadline - time.monotonic()):
                 raise OSError(f"it took no text in {ANSWER_S:g} s")
-            data = data[os.write(fd, data):]
+            try:
+                data = data[os.write(fd, data):]
+            except BlockingIOError:
+                continue
+
+    def _readable(self) -> bool:
+        return _wait(self._pipes()[1], select.POLLIN, 0)
 
     def _answer(self, timeout: float) -> "np.ndarray | None":
-        """The child's next answer: a vector, or None where it could not embed the text."""
+        """The child's next answer: a vector of the probe's size, or None where it could not embed the text."""
         (count,) = _LENGTH.unpack(self._read(_LENGTH.size, timeout))
         if count == 0:
             return None
+        if count != len(self._expected):
+            raise OSError(f"an answer of {count} floats, not {len(self._expected)}")
         return np.frombuffer(self._read(4 * count, timeout), dtype=np.float32).copy()
 
     def _read(self, size: int, timeout: float) -> bytes:
         fd, out = self._pipes()[1], b""
+        deadline = time.monotonic() + timeout
         while len(out) < size:
-            ready, _, _ = select.select([fd], [], [], timeout)
-            if not ready:
+            if not _wait(fd, select.POLLIN, deadline - time.monotonic()):
                 raise OSError(f"no answer in {timeout:g} s")
             chunk = os.read(fd, size - len(out))
             if not chunk:
@@ -164,6 +184,22 @@ class QueryHelper:
             for pipe in (proc.stdin, proc.stdout):
                 if pipe is not None:
                     pipe.close()
+
+
+def _wait(fd: int, event: int, timeout: float) -> bool:
+    """Whether ``fd`` is ready for ``event`` within ``timeout`` seconds (poll: any descriptor number)."""
+    poller = select.poll()
+    poller.register(fd, event)
+    return bool(poller.poll(max(0, int(timeout * 1000))))
+
+
+def _child_env() -> dict[str, str]:
+    """The child's environment: this one, with this package importable where it is not installed (a
+    checkout run by path); an installed one comes from site-packages, never ahead of the standard library."""
+    package = str(Path(__file__).resolve().parents[2])
+    if package in {str(Path(p).resolve()) for p in [*site.getsitepackages(), site.getusersitepackages()]}:
+        return dict(os.environ)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)}
 
 
 class Pending:

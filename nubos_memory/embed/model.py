@@ -370,7 +370,7 @@ class ModelEmbedder(Embedder):
         (not asked for: a one-shot call, a library user)."""
         helper = self._helper
         if helper is None:
-            return "starting" if self._helper_wanted and self._query_runtime is not None else None
+            return "starts with the next query" if self._helper_wanted and self._query_runtime is not None else None
         return "ready" if helper.ready else (helper.why or "starting")
 
     def query_runtime(self) -> Runtime | None:
