@@ -83,9 +83,7 @@ class QueryHelper:
         if len(encoded) > MAX_TEXT_BYTES or not self.ready or not self._lock.acquire(blocking=False):
             return None
         try:
-            while self.ready and self._owed and self._readable():  # (an answer is written whole: it is there)
-                self._answer(ANSWER_S)
-                self._owed -= 1
+            self._drop_owed(ready_only=True)
         except (OSError, ValueError) as exc:
             self._stop(f"the query helper failed: {exc}")
         if not self.ready or self._owed:
@@ -102,9 +100,7 @@ class QueryHelper:
     def take(self) -> "np.ndarray | None":
         """(A submitted query's) its answer, read after those left by earlier queries; the helper freed."""
         try:
-            while self._owed:  # (the child answers in order)
-                self._answer(ANSWER_S)
-                self._owed -= 1
+            self._drop_owed(ready_only=False)
             return self._answer(ANSWER_S)
         except (OSError, ValueError) as exc:
             self._stop(f"the query helper failed: {exc}")
@@ -149,8 +145,12 @@ class QueryHelper:
             except BlockingIOError:
                 continue
 
-    def _readable(self) -> bool:
-        return _wait(self._pipes()[1], select.POLLIN, 0)
+    def _drop_owed(self, *, ready_only: bool) -> None:
+        """Read and drop the answers earlier queries left (the child answers in order); ``ready_only``: only
+        those already there (an answer is written whole: once readable, it is all there)."""
+        while self._owed and (not ready_only or _wait(self._pipes()[1], select.POLLIN, 0)):
+            self._answer(ANSWER_S)
+            self._owed -= 1
 
     def _answer(self, timeout: float) -> "np.ndarray | None":
         """The child's next answer: a vector of the probe's size, or None where it could not embed the text."""

@@ -149,7 +149,7 @@ def vector_side(vector: Callable[[], np.ndarray], state: VectorState, snap: Snap
     # rows read for them
     stats_of = in_scope if exact else in_scope[_sample(len(in_scope), STATS_SAMPLE_PIECES if cosines.lazy
                                                        else STATS_SAMPLE)]
-    rows = scope.neighbourhood(stats_of) if len(in_scope) else stats_of
+    rows = scope.neighbourhood(stats_of)
     cosines.aim(vector())
     if not len(in_scope):
         return side
